@@ -1,0 +1,455 @@
+"""Scripted reference policies: ``random`` (the floor), ``expert`` (rule-based, observation
+only) and ``oracle`` (reads hidden state; the ceiling).
+
+They speak through the same :class:`~socialworld.core.Policy` protocol an LM policy uses and,
+like every policy, state a mental-state estimate at every step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+from ..core import (
+    MOOD_BUCKETS,
+    Action,
+    Decision,
+    HiddenView,
+    MentalState,
+    Observation,
+    SlotView,
+    mood_bucket,
+)
+from ..dialogue import assess
+from ..rng import WorldRNG, derive_seed
+from ..templates import AGENT_UTTERANCES, RANDOM_UTTERANCES
+from ..visibility import legal_actions
+from ..world import REPAIR_NEEDED_BELOW, acceptance_score
+
+_ORDER = {"low": 0, "mid": 1, "high": 2}
+
+
+def _names(obs: Observation) -> dict[str, str]:
+    return {n.id: n.name for n in obs.npcs}
+
+
+def _option_label(obs: Observation, slot: str, option: str) -> str:
+    for o in obs.slot(slot).options:
+        if o.id == option:
+            return o.label
+    return option
+
+
+def say(obs: Observation, a: Action, grounded: str | None = None) -> Action:
+    """Attach the expert's polite, addressed, option-naming utterance (``agent-utterances-v1``)."""
+    names = _names(obs)
+    name = names.get(a.npc or "", "")
+    slot = obs.slot(a.slot).label if a.slot else ""
+    option = _option_label(obs, a.slot, a.option) if a.slot and a.option else ""
+    if a.kind == "propose":
+        who = "everyone" if a.npc == "all" else name
+        if grounded and a.npc != "all":
+            text = AGENT_UTTERANCES["propose_grounded"].format(who=who, ground=grounded, option=option, slot=slot)
+        else:
+            text = AGENT_UTTERANCES["propose"].format(who=who, option=option, slot=slot)
+    elif a.kind == "negotiate":
+        offer = next(o.text for o in obs.offers if o.id == a.offer)
+        text = AGENT_UTTERANCES["negotiate"].format(name=name, option=option, slot=slot, offer=offer)
+    else:
+        text = AGENT_UTTERANCES[a.kind].format(name=name, option=option, slot=slot)
+    return a.with_utterance(text)
+
+
+# ------------------------------------------------------------------ beliefs from observations
+
+
+@dataclass
+class Beliefs:
+    """What an observer can infer from the public record."""
+
+    prefers: dict[str, dict[str, str]] = field(default_factory=dict)
+    vetoes: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    dislikes: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    vague: Counter = field(default_factory=Counter)
+    confided: set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_observation(cls, obs: Observation) -> Beliefs:
+        b = cls()
+        for f in obs.facts:
+            if f.kind == "prefers":
+                b.prefers.setdefault(f.npc, {})[f.slot] = f.option  # type: ignore[index]
+            elif f.kind == "vetoes":
+                b.vetoes.setdefault(f.npc, {}).setdefault(f.slot, set()).add(f.option)  # type: ignore[arg-type]
+            elif f.kind == "dislikes":
+                b.dislikes.setdefault(f.npc, {}).setdefault(f.slot, set()).add(f.option)  # type: ignore[arg-type]
+            elif f.kind == "vague":
+                b.vague[(f.npc, f.slot)] += 1
+            elif f.kind == "secret":
+                b.confided.add(f.npc)
+            elif f.kind == "unsettled":  # second thoughts: forget what we knew of that slot
+                b.prefers.get(f.npc, {}).pop(f.slot, None)  # type: ignore[arg-type]
+                b.dislikes.get(f.npc, {}).pop(f.slot, None)  # type: ignore[arg-type]
+                b.vague[(f.npc, f.slot)] = 0
+        return b
+
+    def mental_state(self, obs: Observation) -> MentalState:
+        moods = {n.id: (n.cue_bucket or "mid") for n in obs.npcs if n.present}
+        return MentalState({k: dict(v) for k, v in self.prefers.items()}, moods)
+
+
+# ------------------------------------------------------------------ random
+
+
+class RandomPolicy:
+    """Uniform over legal actions, with random (often poor) utterances and random beliefs.
+    Its randomness comes from a stream derived from (policy seed, episode key)."""
+
+    policy_id = "random"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self._rngs: dict[str, WorldRNG] = {}
+
+    def reset(self, episode_keys: Sequence[str]) -> None:
+        for k in episode_keys:
+            self._rngs[k] = WorldRNG(derive_seed(self.seed, "random-policy", k))
+
+    def act(self, episode_keys: Sequence[str], observations: Sequence[Observation]) -> list[Decision]:
+        return [self._act(self._rngs[k], o) for k, o in zip(episode_keys, observations)]
+
+    def _act(self, r: WorldRNG, obs: Observation) -> Decision:
+        a = r.choice(legal_actions(obs))
+        names = [n.name for n in obs.npcs]
+        secret_hint = next((f.text.split(",")[0] for f in obs.facts if f.kind == "secret"), "things are tense")
+        text = r.choice(RANDOM_UTTERANCES).format(
+            name=r.choice(names),
+            option=_option_label(obs, a.slot, a.option) if a.slot and a.option else "that",
+            slot=obs.slot(a.slot).label if a.slot else "plan",
+            secret_hint=secret_hint,
+        )
+        prefs = {
+            n.id: {s.id: r.choice(s.options).id for s in obs.slots if n.id in s.stakeholders} for n in obs.npcs if n.present
+        }
+        moods = {n.id: r.choice(MOOD_BUCKETS) for n in obs.npcs if n.present}
+        a = a.with_utterance(text)
+        return Decision(a, MentalState(prefs, moods), raw=a.key)
+
+
+# ------------------------------------------------------------------ expert
+
+
+@dataclass
+class _ExpertMemory:
+    tried: set[tuple[str, str]] = field(default_factory=set)  # (slot, option) given up on
+    offered: set[tuple[str, str, str, str]] = field(default_factory=set)
+    approached: set[str] = field(default_factory=set)
+    repaired: set[str] = field(default_factory=set)
+    conflict_tries: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+
+class ExpertPolicy:
+    """A competent organiser that sees only observations: asks everyone, proposes the option
+    the stated preferences favour, negotiates with whoever rejects, finalizes on consensus,
+    repairs relationships, and settles quarrels (guessing the order from mood cues)."""
+
+    policy_id = "expert"
+
+    def __init__(self) -> None:
+        self._mem: dict[str, _ExpertMemory] = {}
+
+    def reset(self, episode_keys: Sequence[str]) -> None:
+        for k in episode_keys:
+            self._mem[k] = _ExpertMemory()
+
+    def act(self, episode_keys: Sequence[str], observations: Sequence[Observation]) -> list[Decision]:
+        out = []
+        for k, obs in zip(episode_keys, observations):
+            b = Beliefs.from_observation(obs)
+            a = self._choose(self._mem.setdefault(k, _ExpertMemory()), obs, b)
+            out.append(Decision(a, b.mental_state(obs), raw=a.key))
+        return out
+
+    def _choose(self, m: _ExpertMemory, obs: Observation, b: Beliefs) -> Action:
+        cue = {n.id: n.cue_bucket for n in obs.npcs}
+        # 1. quarrels first: nobody in a quarrel agrees to anything
+        for c in obs.conflicts:
+            if c.resolved:
+                continue
+            tries = m.conflict_tries.setdefault(c.npcs, [])
+            if c.repaired:
+                other = c.npcs[1] if c.repaired[0] == c.npcs[0] else c.npcs[0]
+                return say(obs, Action("repair", npc=other))
+            if tries:  # our first guess was wrong: the other one is hurt more
+                pick = c.npcs[1] if tries[-1] == c.npcs[0] else c.npcs[0]
+            else:
+                pick = min(c.npcs, key=lambda n: _ORDER.get(cue[n] or "mid", 1))
+            tries.append(pick)
+            return say(obs, Action("repair", npc=pick))
+        # 2. decisions, one at a time
+        for s in obs.slots:
+            if s.status != "open":
+                continue
+            a = self._work_on(m, obs, b, s)
+            if a is not None:
+                return a
+        # 3. relationships before leaving
+        if "good_relations" in obs.subgoals:
+            for n in obs.npcs:
+                if n.present and n.cue_bucket == "low" and n.id not in m.repaired:
+                    m.repaired.add(n.id)
+                    return say(obs, Action("repair", npc=n.id))
+        pending_conflicts = sum(1 for g in obs.subgoals if g.startswith("conflict:")) > len(obs.conflicts)
+        if pending_conflicts and obs.turns_left > 1:
+            return say(obs, Action("wait"))
+        return say(obs, Action("end"))
+
+    def _work_on(self, m: _ExpertMemory, obs: Observation, b: Beliefs, s: SlotView) -> Action | None:
+        holders = list(s.stakeholders)
+        for h in holders:
+            if s.id in b.prefers.get(h, {}):
+                continue
+            vague = b.vague[(h, s.id)]
+            if vague >= 3:
+                continue
+            if vague >= 1 and h not in m.approached:
+                m.approached.add(h)
+                return say(obs, Action("approach", npc=h))
+            return say(obs, Action("inquire", npc=h, slot=s.id))
+        option = self._candidate(m, obs, b, s)
+        if option is None:
+            return None
+        if s.proposal != option:
+            return say(obs, Action("propose", slot=s.id, option=option, npc="all"))
+        if all(h in s.accepted_by for h in holders):
+            return say(obs, Action("finalize", slot=s.id, option=option))
+        for h in holders:
+            if h in s.accepted_by:
+                continue
+            if h not in s.rejected_by:
+                return say(obs, Action("propose", slot=s.id, option=option, npc=h))
+            offer = self._offer_for(m, obs, b, h, s.id, option)
+            if offer is not None:
+                m.offered.add((h, s.id, option, offer))
+                return say(obs, Action("negotiate", npc=h, slot=s.id, option=option, offer=offer))
+        m.tried.add((s.id, option))
+        return self._work_on(m, obs, b, s)
+
+    def _candidate(self, m: _ExpertMemory, obs: Observation, b: Beliefs, s: SlotView) -> str | None:
+        promised = [c.target_option for c in obs.commitments if c.status == "pending" and c.target_slot == s.id]
+        best, best_score = None, None
+        for o in s.options:
+            if not o.available or (s.id, o.id) in m.tried:
+                continue
+            if any(o.id in b.vetoes.get(h, {}).get(s.id, ()) for h in s.stakeholders):
+                continue
+            if obs.budget_left is not None and o.cost > obs.budget_left:
+                continue
+            score = 5.0 * promised.count(o.id)
+            for h in s.stakeholders:
+                if b.prefers.get(h, {}).get(s.id) == o.id:
+                    score += 2
+                if o.id in b.dislikes.get(h, {}).get(s.id, ()):
+                    score -= 1
+            key = (score, -o.cost)
+            if best_score is None or key > best_score:
+                best, best_score = o.id, key
+        return best
+
+    def _offer_for(self, m: _ExpertMemory, obs: Observation, b: Beliefs, npc: str, slot: str, option: str) -> str | None:
+        for off in sorted(obs.offers, key=lambda o: -o.value):
+            if (npc, slot, option, off.id) in m.offered:
+                continue
+            if off.kind == "promise":
+                if off.target_slot == slot or obs.slot(off.target_slot).status != "open":  # type: ignore[arg-type]
+                    continue
+                if any(c.status == "pending" and c.target_slot == off.target_slot for c in obs.commitments):
+                    continue  # never promise the same decision twice
+            if off.kind == "pay" and (obs.budget_left or 0) < off.cost + _cheapest_open_cost(obs):
+                continue
+            return off.id
+        return None
+
+
+def _cheapest_open_cost(obs: Observation) -> float:
+    return sum(min((o.cost for o in s.options if o.available), default=0.0) for s in obs.slots if s.status == "open")
+
+
+# ------------------------------------------------------------------ oracle
+
+
+class OraclePolicy:
+    """Reads the hidden state (a :class:`~socialworld.core.PrivilegedPolicy`): picks, for each
+    decision, the option that needs the fewest concessions, buys exactly the needed agreement,
+    avoids options a scheduled event will invalidate, repairs quarrels in the right order."""
+
+    policy_id = "oracle"
+    privileged: Literal[True] = True
+
+    def reset(self, episode_keys: Sequence[str]) -> None:
+        pass
+
+    def act(
+        self, episode_keys: Sequence[str], observations: Sequence[Observation], hidden: Sequence[HiddenView]
+    ) -> list[Decision]:
+        out = []
+        for obs, hv in zip(observations, hidden):
+            a = self._choose(obs, hv)
+            truth = MentalState(
+                {
+                    n.id: {s.id: hv.preferred(n.id, s.id) for s in obs.slots if n.id in s.stakeholders}
+                    for n in obs.npcs
+                    if n.present
+                },
+                {n.id: mood_bucket(hv.npcs[n.id].mood) for n in obs.npcs if n.present},
+            )
+            out.append(Decision(a, truth, raw=a.key))
+        return out
+
+    def _q(self, obs: Observation, hv: HiddenView, a: Action) -> float:
+        confided = [f.npc for f in obs.facts if f.kind == "secret"]
+        return assess(hv.spec, a, obs.facts, confided).q  # type: ignore[arg-type]
+
+    def _choose(self, obs: Observation, hv: HiddenView) -> Action:
+        for c in obs.conflicts:
+            if not c.resolved:
+                first = hv.conflict_first[c.npcs]
+                other = c.npcs[1] if first == c.npcs[0] else c.npcs[0]
+                return say(obs, Action("repair", npc=other if c.repaired else first))
+        for s in obs.slots:
+            if s.status != "open":
+                continue
+            a = self._work_on(obs, hv, s)
+            if a is not None:
+                return a
+        if "good_relations" in obs.subgoals:
+            for n in obs.npcs:
+                if n.present and hv.npcs[n.id].mood < REPAIR_NEEDED_BELOW:
+                    return say(obs, Action("repair", npc=n.id))
+        pending_conflicts = sum(1 for g in obs.subgoals if g.startswith("conflict:")) > len(obs.conflicts)
+        if (pending_conflicts or hv.tags_to_invalidate) and obs.turns_left > 1:
+            return say(obs, Action("wait"))
+        return say(obs, Action("end"))
+
+    def _deficit(self, obs: Observation, hv: HiddenView, npc: str, slot: str, option: str, q: float) -> float:
+        h = hv.npcs[npc]
+        conc = max((_offer(obs, c.offer).value for c in obs.commitments if (c.npc, c.slot, c.option) == (npc, slot, option)), default=0.0)
+        return h.threshold - acceptance_score(h.utilities[slot][option], h.mood, conc, 0.0, q)
+
+    def _plan(self, obs: Observation, hv: HiddenView, s: SlotView) -> tuple[str, list[tuple[str, str]]] | None:
+        """Best option for ``s`` and the (npc, offer) concessions it needs."""
+        promised = {c.target_option for c in obs.commitments if c.status == "pending" and c.target_slot == s.id}
+        best = None
+        for o in s.options:
+            if not o.available or set(o.tags) & hv.tags_to_invalidate:
+                continue
+            if promised and o.id not in promised:
+                continue
+            if any(o.id in hv.npcs[h].vetoes.get(s.id, ()) for h in s.stakeholders):
+                continue
+            budget = obs.budget_left
+            if budget is not None and o.cost > budget - _reserve(obs, s.id):
+                continue
+            q = self._q(obs, hv, say(obs, Action("propose", slot=s.id, option=o.id, npc="all")))
+            needs, spend, ok = [], 0.0, True
+            promising: set[str] = set()
+            for h in s.stakeholders:
+                d = self._deficit(obs, hv, h, s.id, o.id, q)
+                if d <= 0:
+                    continue
+                offer = self._smallest_offer(
+                    obs, hv, h, s.id, d, budget - o.cost - spend if budget is not None else None, promising
+                )
+                if offer is None:
+                    ok = False
+                    break
+                needs.append((h, offer.id))
+                spend += offer.cost if offer.kind == "pay" else 0.0
+                if offer.kind == "promise":
+                    promising.add(offer.target_slot)  # type: ignore[arg-type]
+            if not ok:
+                continue
+            util = sum(hv.npcs[h].utilities[s.id][o.id] for h in s.stakeholders)
+            key = (len(needs), -util)
+            if best is None or key < best[0]:
+                best = (key, o.id, needs)
+        return None if best is None else (best[1], best[2])
+
+    def _smallest_offer(
+        self, obs: Observation, hv: HiddenView, npc: str, slot: str, deficit: float, budget: float | None,
+        promising: set[str],
+    ):
+        pending = {c.target_slot for c in obs.commitments if c.status == "pending"} | promising
+        for off in sorted(obs.offers, key=lambda o: o.value):
+            if off.value < deficit:
+                continue
+            if off.kind == "pay" and (budget is None or budget < off.cost + _reserve(obs, slot)):
+                continue
+            if off.kind == "promise":
+                tgt = off.target_slot
+                if tgt == slot or obs.slot(tgt).status != "open" or tgt in pending:  # type: ignore[arg-type]
+                    continue
+                if not self._honourable(obs, hv, hv.preferred(npc, tgt), tgt):  # type: ignore[arg-type]
+                    continue
+            return off
+        return None
+
+    def _honourable(self, obs: Observation, hv: HiddenView, option: str, slot_id: str) -> bool:
+        """Can ``option`` win ``slot_id`` with non-exclusive offers only (so a promise of it can be kept)?"""
+        s = obs.slot(slot_id)
+        o = next(x for x in s.options if x.id == option)
+        if not o.available or set(o.tags) & hv.tags_to_invalidate:
+            return False
+        best_free = max((x.value for x in obs.offers if x.kind == "goodwill"), default=0.0)
+        q = self._q(obs, hv, say(obs, Action("propose", slot=slot_id, option=option, npc="all")))
+        for h in s.stakeholders:
+            if option in hv.npcs[h].vetoes.get(slot_id, ()):
+                return False
+            if self._deficit(obs, hv, h, slot_id, option, q) > best_free:
+                return False
+        return True
+
+    def _work_on(self, obs: Observation, hv: HiddenView, s: SlotView) -> Action | None:
+        plan = self._plan(obs, hv, s)
+        if plan is None:  # nothing is fully winnable: go for the option most people like
+            options = [
+                o for o in s.options
+                if o.available and not any(o.id in hv.npcs[h].vetoes.get(s.id, ()) for h in s.stakeholders)
+            ]
+            if not options:
+                return None
+            best = max(options, key=lambda o: sum(hv.npcs[h].utilities[s.id][o.id] for h in s.stakeholders))
+            if s.proposal == best.id and all(h in s.accepted_by for h in s.stakeholders):
+                return say(obs, Action("finalize", slot=s.id, option=best.id))
+            if s.proposal == best.id:
+                return None
+            plan = (best.id, [])
+        option, needs = plan
+        done = {(c.npc, c.offer) for c in obs.commitments if c.slot == s.id and c.option == option}
+        for h, offer in needs:
+            if (h, offer) not in done:
+                return say(obs, Action("negotiate", npc=h, slot=s.id, option=option, offer=offer))
+        if s.proposal != option:
+            return say(obs, Action("propose", slot=s.id, option=option, npc="all"))
+        if all(h in s.accepted_by for h in s.stakeholders):
+            return say(obs, Action("finalize", slot=s.id, option=option))
+        for h in s.stakeholders:
+            if h not in s.accepted_by:
+                return say(obs, Action("propose", slot=s.id, option=option, npc=h))
+        return None
+
+
+def _reserve(obs: Observation, slot_id: str) -> float:
+    """Budget to keep for the other open decisions (their cheapest available option)."""
+    return sum(
+        min((o.cost for o in s.options if o.available), default=0.0)
+        for s in obs.slots
+        if s.status == "open" and s.id != slot_id
+    )
+
+
+
+
+def _offer(obs: Observation, offer_id: str):
+    return next(o for o in obs.offers if o.id == offer_id)

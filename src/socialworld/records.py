@@ -1,0 +1,272 @@
+"""Typed, versioned five-dimensional trajectory records (DESIGN §4).
+
+A :class:`StepRecord` carries the five dimensions — setting, observation, mental state,
+action, dialogue — plus its signals (each a :class:`Signal` with provenance) and the
+policy that acted. An :class:`EpisodeRecord` holds the steps, the final state summary,
+metrics, diagnostics and lineage. Records round-trip through JSONL and Parquet exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+STEP_SCHEMA = "step-v1"
+EPISODE_SCHEMA = "episode-v1"
+
+Source = Literal["direct", "fused", "degraded", "proxy", "missing"]
+
+
+class _Rec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Signal(_Rec):
+    """A value with its provenance: where it came from and how much to trust it."""
+
+    value: float | None
+    source: Source
+    confidence: float = Field(ge=0, le=1)
+    detail: str = ""
+
+
+class Setting(_Rec):
+    scenario_id: str
+    tier: str
+    seed: int
+    step: int
+    turn_budget: int
+
+
+class ObservationRec(_Rec):
+    structured: dict[str, Any]
+    text: str
+    provenance: dict[str, Source]
+
+
+class MentalStateRec(_Rec):
+    stated: dict[str, Any] | None
+    """the policy's estimate (None: nothing parseable was stated)"""
+    truth: dict[str, Any]
+    """the true values, for scoring only; never shown to the policy"""
+
+
+class ActionRec(_Rec):
+    structured: dict[str, str | None] | None
+    raw: str
+    parse_status: Literal["ok", "unparseable", "illegal"]
+    error: str | None
+    executed: str
+    """canonical key of what the world executed (``wait()`` for unparseable/illegal)"""
+
+
+class Reply(_Rec):
+    speaker: str
+    text: str
+
+
+class DialogueRec(_Rec):
+    utterance: str
+    replies: list[Reply]
+    announcements: list[str]
+
+
+class StepSignals(_Rec):
+    align: Signal
+    reward: Signal
+    penalty: Signal
+    q: Signal
+    moods: dict[str, Signal]
+    phi: float
+    """task progress Phi after the step"""
+    penalty_reasons: list[str]
+    q_features: dict[str, float]
+    leaked: list[str]
+
+
+class PolicyRec(_Rec):
+    policy_id: str
+    base_model: str | None = None
+    adapter_hash: str | None = None
+    decoding: dict[str, Any] = Field(default_factory=dict)
+    tokens_in: int = 0
+    tokens_out: int = 0
+    latency_s: float = 0.0
+
+
+class StepRecord(_Rec):
+    schema_version: Literal["step-v1"] = STEP_SCHEMA
+    setting: Setting
+    observation: ObservationRec
+    mental_state: MentalStateRec
+    action: ActionRec
+    dialogue: DialogueRec
+    signals: StepSignals
+    policy: PolicyRec
+
+
+class FinalState(_Rec):
+    subgoals: dict[str, bool]
+    moods: dict[str, float]
+    present: dict[str, bool]
+    phi_0: float
+    phi_T: float
+    steps: int
+    t_ref: int
+    end_reason: str
+    commitments: list[dict[str, Any]]
+    leaks: int
+
+
+class Metrics(_Rec):
+    U: Signal
+    A_e: Signal
+    S_npc: Signal
+    D: Signal
+    CR: Signal
+    passed: bool
+    cr_threshold: float
+    d_threshold: float
+
+
+class Check(_Rec):
+    step: int
+    name: str
+    ok: bool
+    confidence: float
+    detail: str = ""
+
+
+class Diagnostics(_Rec):
+    representative_steps: list[int]
+    observation_summary: str
+    checks: list[Check]
+    attribution: dict[str, float]
+    """failure category -> confidence (empty when the episode passed)"""
+    primary_failure: str | None
+
+
+class Lineage(_Rec):
+    framework_version: str
+    spec_hash: str
+    world_snapshot_version: str
+    templates: dict[str, str]
+    run_seed: int | None = None
+
+
+class EpisodeRecord(_Rec):
+    schema_version: Literal["episode-v1"] = EPISODE_SCHEMA
+    episode_id: str
+    scenario_id: str
+    tier: str
+    seed: int
+    policy_id: str
+    steps: list[StepRecord]
+    final: FinalState
+    metrics: Metrics | None = None
+    diagnostics: Diagnostics | None = None
+    lineage: Lineage
+
+
+# ------------------------------------------------------------------ IO
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename (never a half-written file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def to_jsonl(episodes: Iterable[EpisodeRecord]) -> str:
+    return "".join(e.model_dump_json() + "\n" for e in episodes)
+
+
+def write_jsonl(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
+    atomic_write_text(path, to_jsonl(episodes))
+
+
+def read_jsonl(path: str | Path) -> list[EpisodeRecord]:
+    out = []
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(EpisodeRecord.model_validate_json(line))
+            except ValueError as err:
+                raise ValueError(f"{path}:{i}: not an episode record: {err}") from None
+    return out
+
+
+PARQUET_COLUMNS = ("episode_id", "scenario_id", "tier", "seed", "policy_id", "steps", "passed", "U", "A_e", "S_npc", "D", "CR")
+
+
+def write_parquet(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
+    """One row per episode: flat columns for filtering (ids, metric values) plus the full
+    record as JSON in ``record`` (nested, scenario-dependent keys do not fit one Arrow schema)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for e in episodes:
+        m = e.metrics
+        rows.append(
+            {
+                "episode_id": e.episode_id,
+                "scenario_id": e.scenario_id,
+                "tier": e.tier,
+                "seed": e.seed,
+                "policy_id": e.policy_id,
+                "steps": len(e.steps),
+                "passed": None if m is None else m.passed,
+                **{k: (None if m is None else getattr(m, k).value) for k in ("U", "A_e", "S_npc", "D", "CR")},
+                "schema_version": e.schema_version,
+                "record": e.model_dump_json(),
+            }
+        )
+    schema = pa.schema(
+        [
+            ("episode_id", pa.string()),
+            ("scenario_id", pa.string()),
+            ("tier", pa.string()),
+            ("seed", pa.int64()),
+            ("policy_id", pa.string()),
+            ("steps", pa.int32()),
+            ("passed", pa.bool_()),
+            *((k, pa.float64()) for k in ("U", "A_e", "S_npc", "D", "CR")),
+            ("schema_version", pa.string()),
+            ("record", pa.string()),
+        ]
+    )
+    table = pa.Table.from_pylist(rows, schema=schema)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_parquet(path: str | Path) -> list[EpisodeRecord]:
+    import pyarrow.parquet as pq
+
+    return [EpisodeRecord.model_validate_json(r) for r in pq.read_table(path, columns=["record"]).column("record").to_pylist()]
+
+
+def dumps_canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))

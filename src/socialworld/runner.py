@@ -1,0 +1,184 @@
+"""Episode runner: many episodes advance in lockstep; one batched policy call per step.
+
+The runner is the only place that holds both a :class:`~socialworld.world.World` and a
+policy. It hands a policy observations — and hidden views only to a
+:class:`~socialworld.core.PrivilegedPolicy`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from . import __version__
+from .core import Decision, MentalState, Policy, PrivilegedPolicy
+from .metrics import align, episode_metrics
+from .records import (
+    ActionRec,
+    DialogueRec,
+    EpisodeRecord,
+    FinalState,
+    Lineage,
+    MentalStateRec,
+    ObservationRec,
+    PolicyRec,
+    Reply,
+    Setting,
+    Signal,
+    StepRecord,
+    StepSignals,
+)
+from .spec import ScenarioSpec
+from .templates import AGENT_UTTERANCES_VERSION, CUES_VERSION, NPC_REPLIES_VERSION, OBSERVATION_TEXT_VERSION
+from .visibility import OBSERVATION_PROVENANCE, observe, render
+from .world import SNAPSHOT_VERSION, World
+
+TEMPLATES = {
+    "npc_replies": NPC_REPLIES_VERSION,
+    "cues": CUES_VERSION,
+    "agent_utterances": AGENT_UTTERANCES_VERSION,
+    "observation_text": OBSERVATION_TEXT_VERSION,
+}
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    spec: ScenarioSpec
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.spec.id}/{self.seed}"
+
+
+def is_privileged(policy: object) -> bool:
+    return getattr(policy, "privileged", False) is True
+
+
+def _decide(policy: Policy | PrivilegedPolicy, keys: list[str], worlds: list[World], obs: list) -> list[Decision]:
+    if is_privileged(policy):
+        return policy.act(keys, obs, [w.hidden_view() for w in worlds])  # type: ignore[call-arg]
+    return policy.act(keys, obs)  # type: ignore[call-arg]
+
+
+def _obs_dict(obs) -> dict:
+    return dataclasses.asdict(obs)
+
+
+def run_episodes(
+    policy: Policy | PrivilegedPolicy,
+    jobs: Sequence[EpisodeJob],
+    *,
+    batch_size: int = 64,
+    policy_info: PolicyRec | None = None,
+    on_episode: Callable[[EpisodeRecord], None] | None = None,
+    run_seed: int | None = None,
+) -> list[EpisodeRecord]:
+    """Run ``jobs`` in lockstep batches of ``batch_size``; return scored episode records in
+    job order."""
+    from .diagnostics import diagnose
+
+    info = policy_info or PolicyRec(policy_id=policy.policy_id)
+    out: list[EpisodeRecord] = []
+    for start in range(0, len(jobs), batch_size):
+        batch = list(jobs[start : start + batch_size])
+        worlds = [World(j.spec, j.seed) for j in batch]
+        keys = [j.key for j in batch]
+        policy.reset(keys)
+        steps: list[list[StepRecord]] = [[] for _ in batch]
+        phi0 = [w.progress() for w in worlds]
+        while True:
+            active = [i for i, w in enumerate(worlds) if not w.done]
+            if not active:
+                break
+            obs = [observe(worlds[i].spec, worlds[i].pub) for i in active]
+            decisions = _decide(policy, [keys[i] for i in active], [worlds[i] for i in active], obs)
+            for i, o, d in zip(active, obs, decisions):
+                steps[i].append(_step(worlds[i], o, d, info))
+        for j, w, st, p0 in zip(batch, worlds, steps, phi0):
+            ep = _episode(j, w, st, p0, info.policy_id, run_seed)
+            ep = ep.model_copy(update={"metrics": episode_metrics(ep)})
+            ep = ep.model_copy(update={"diagnostics": diagnose(ep)})
+            out.append(ep)
+            if on_episode:
+                on_episode(ep)
+    return out
+
+
+def _step(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
+    truth = w.truth()
+    a_t = align(d.mental_state, truth)
+    setting = Setting(scenario_id=w.spec.id, tier=w.spec.tier, seed=w.seed, step=w.t, turn_budget=w.spec.turn_budget)
+    obs_rec = ObservationRec(structured=_obs_dict(obs), text=render(obs), provenance=OBSERVATION_PROVENANCE)  # type: ignore[arg-type]
+    res = w.step(d.action, parse_error=d.parse_error)
+    moods = {k: Signal(value=v, source="direct", confidence=1.0, detail="hidden state") for k, v in w.moods().items()}
+    q = (
+        Signal(value=res.q, source="direct", confidence=0.8, detail="rule:dialogue-v1")
+        if res.q is not None
+        else Signal(value=None, source="missing", confidence=0.0, detail=f"no assessable utterance ({res.parse_status})")
+    )
+    return StepRecord(
+        setting=setting,
+        observation=obs_rec,
+        mental_state=MentalStateRec(stated=None if d.mental_state is None else d.mental_state.to_dict(), truth=truth.to_dict()),
+        action=ActionRec(
+            structured=None if d.action is None else d.action.to_dict(),
+            raw=d.raw,
+            parse_status=res.parse_status,
+            error=res.error,
+            executed=res.executed.key,
+        ),
+        dialogue=DialogueRec(
+            utterance=res.executed.utterance if d.action is not None else "",
+            replies=[Reply(speaker=x.speaker, text=x.text) for x in res.replies],
+            announcements=list(res.announcements),
+        ),
+        signals=StepSignals(
+            align=Signal(value=a_t, source="direct" if d.mental_state is not None else "missing", confidence=1.0,
+                         detail="stated vs true mental state"),
+            reward=Signal(value=res.reward, source="direct", confidence=1.0, detail="Phi_{t+1} - Phi_t - c_t"),
+            penalty=Signal(value=res.penalty, source="direct", confidence=1.0, detail=",".join(res.penalty_reasons)),
+            q=q,
+            moods=moods,
+            phi=res.phi_after,
+            penalty_reasons=list(res.penalty_reasons),
+            q_features=res.q_features,
+            leaked=list(res.leaked),
+        ),
+        policy=info.model_copy(update={"tokens_in": d.tokens_in, "tokens_out": d.tokens_out, "latency_s": d.latency_s}),
+    )
+
+
+def _episode(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, policy_id: str, run_seed: int | None) -> EpisodeRecord:
+    return EpisodeRecord(
+        episode_id=f"{job.spec.id}/{job.seed}/{policy_id}",
+        scenario_id=job.spec.id,
+        tier=job.spec.tier,
+        seed=job.seed,
+        policy_id=policy_id,
+        steps=steps,
+        final=FinalState(
+            subgoals=w.subgoals(),
+            moods=w.moods(),
+            present=dict(w.pub.present),
+            phi_0=phi0,
+            phi_T=w.progress(),
+            steps=len(steps),
+            t_ref=job.spec.t_ref,
+            end_reason=w.pub.end_reason or "unknown",
+            commitments=[dataclasses.asdict(c) for c in w.pub.commitments],
+            leaks=w.pub.leaks,
+        ),
+        lineage=Lineage(
+            framework_version=__version__,
+            spec_hash=job.spec.content_hash,
+            world_snapshot_version=SNAPSHOT_VERSION,
+            templates=TEMPLATES,
+            run_seed=run_seed,
+        ),
+    )
+
+
+def empty_mental_state() -> MentalState:
+    return MentalState()

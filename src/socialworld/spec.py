@@ -1,0 +1,361 @@
+"""Scenario specifications: frozen, typed, declarative data loaded from YAML.
+
+A spec says *what* a social situation is (people, decisions, constraints, events); the
+engine in :mod:`socialworld.world` says *how* it behaves. Nothing in a spec is executed:
+event kinds and offer kinds are names that select Python code in the engine.
+
+Hidden values are given as distributions (``[low, high]`` uniform ranges and veto
+probabilities); each episode seed samples concrete values from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Tier = Literal["L0", "L1", "L2"]
+TIERS: tuple[Tier, ...] = ("L0", "L1", "L2")
+
+EventKind = Literal[
+    "weather_change",  # options with a tag become unavailable; finalized ones reopen
+    "budget_cut",  # the budget shrinks by `amount`
+    "participant_leaves",  # an NPC leaves; open decisions no longer need them
+    "late_arrival",  # an absent NPC arrives and becomes a stakeholder of open decisions
+    "preference_change",  # an NPC's preference for a slot is re-sampled (hidden)
+    "conflict",  # two NPCs fall out; they must be repaired in the right order
+]
+OfferKind = Literal[
+    "promise",  # binds: the NPC gets their favourite option on `target_slot`
+    "pay",  # the organiser covers `cost` out of the budget
+    "goodwill",  # a small gesture; no obligation
+]
+GuardKind = Literal[
+    "no_secret_leaked",  # no utterance reveals an NPC's confided secret to someone else
+    "commitments_honoured",  # every promise made in a negotiation is kept
+    "within_budget",  # finalized costs plus payments stay within the budget
+    "good_relations",  # every present NPC ends with mood >= 0.3
+]
+Style = Literal["warm", "formal", "blunt", "shy", "cheerful"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Range(_Frozen):
+    """A closed uniform range ``[low, high]``; YAML may write it as a two-item list."""
+
+    low: float
+    high: float
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, value: object) -> object:
+        if isinstance(value, (list, tuple)):
+            if len(value) != 2:
+                raise ValueError("a range is a list of two numbers [low, high]")
+            return {"low": value[0], "high": value[1]}
+        if isinstance(value, (int, float)):
+            return {"low": value, "high": value}
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if self.low > self.high:
+            raise ValueError(f"low {self.low} is above high {self.high}")
+        return self
+
+
+class UtilityDist(_Frozen):
+    """Hidden utility of one option for one NPC: uniform in ``range``; with probability
+    ``veto`` the option is a hard constraint (the NPC rejects it whatever is offered)."""
+
+    range: Range
+    veto: float = Field(0.0, ge=0.0, le=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, value: object) -> object:
+        if isinstance(value, (list, tuple, int, float)):
+            return {"range": value}
+        return value
+
+
+class Traits(_Frozen):
+    """Hidden personality traits in [0, 1] (fixed per NPC template)."""
+
+    openness: float = Field(ge=0, le=1)
+    agreeableness: float = Field(ge=0, le=1)
+    sensitivity: float = Field(ge=0, le=1)
+    influence: float = Field(ge=0, le=1)
+
+
+class Secret(_Frozen):
+    """A private fact the NPC may confide; ``keywords`` detect a leak in an utterance."""
+
+    text: str
+    keywords: tuple[str, ...] = Field(min_length=1)
+
+
+class NPCSpec(_Frozen):
+    id: str
+    name: str
+    profile: str
+    style: Style = "warm"
+    traits: Traits
+    threshold: Range
+    mood: Range
+    secret: Secret | None = None
+    present: bool = True
+    preferences: dict[str, dict[str, UtilityDist]]
+    """slot id -> option id (or ``default``) -> utility distribution"""
+
+
+class OptionSpec(_Frozen):
+    id: str
+    label: str
+    cost: float = 0.0
+    capacity: int | None = None
+    tags: tuple[str, ...] = ()
+    attrs: dict[str, str] = Field(default_factory=dict)
+
+
+class SlotSpec(_Frozen):
+    id: str
+    label: str
+    stakeholders: Literal["all"] | tuple[str, ...] = "all"
+    options: tuple[OptionSpec, ...] = Field(min_length=2)
+
+    @cached_property
+    def option_ids(self) -> tuple[str, ...]:
+        return tuple(o.id for o in self.options)
+
+    def option(self, option_id: str) -> OptionSpec:
+        for o in self.options:
+            if o.id == option_id:
+                return o
+        raise KeyError(option_id)
+
+
+class OfferSpec(_Frozen):
+    id: str
+    kind: OfferKind
+    text: str
+    """how the organiser words the offer, e.g. 'you choose the date'"""
+    value: float = Field(gt=0, le=1)
+    cost: float = 0.0
+    target_slot: str | None = None
+
+
+class EventSpec(_Frozen):
+    kind: EventKind
+    at: Range
+    """turn window; the firing turn is sampled per seed (integers, inclusive)"""
+    text: str
+    tag: str | None = None
+    amount: float | None = None
+    npc: str | None = None
+    npcs: tuple[str, ...] = ()
+    slot: str | None = None
+
+
+class ScenarioSpec(_Frozen):
+    id: str = Field(pattern=r"^[a-z0-9_]+-v\d+$")
+    name: str
+    tier: Tier
+    setting: str
+    role: str
+    goal: str
+    turn_budget: int = Field(gt=0)
+    t_ref: int = Field(gt=0)
+    budget: float | None = None
+    require_negotiation: bool = False
+    """resample hidden values until no option of the first slot pleases every stakeholder"""
+    npcs: tuple[NPCSpec, ...] = Field(min_length=2)
+    slots: tuple[SlotSpec, ...] = Field(min_length=1)
+    offers: tuple[OfferSpec, ...] = ()
+    guards: tuple[GuardKind, ...] = ()
+    events: tuple[EventSpec, ...] = ()
+
+    def __hash__(self) -> int:  # identity hash: specs are used as cache keys on hot paths
+        return id(self)
+
+    @cached_property
+    def npc_ids(self) -> tuple[str, ...]:
+        return tuple(n.id for n in self.npcs)
+
+    @cached_property
+    def slot_ids(self) -> tuple[str, ...]:
+        return tuple(s.id for s in self.slots)
+
+    def npc(self, npc_id: str) -> NPCSpec:
+        for n in self.npcs:
+            if n.id == npc_id:
+                return n
+        raise KeyError(npc_id)
+
+    def slot(self, slot_id: str) -> SlotSpec:
+        for s in self.slots:
+            if s.id == slot_id:
+                return s
+        raise KeyError(slot_id)
+
+    def offer(self, offer_id: str) -> OfferSpec:
+        for o in self.offers:
+            if o.id == offer_id:
+                return o
+        raise KeyError(offer_id)
+
+    def stakeholders(self, slot_id: str) -> tuple[str, ...]:
+        s = self.slot(slot_id)
+        return self.npc_ids if s.stakeholders == "all" else s.stakeholders
+
+    @cached_property
+    def has_conflict(self) -> bool:
+        return any(e.kind == "conflict" for e in self.events)
+
+    @cached_property
+    def content_hash(self) -> str:
+        """sha256 of the canonical JSON of the spec (recorded in every episode's lineage)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    @model_validator(mode="after")
+    def _references(self) -> ScenarioSpec:
+        _check_references(self)
+        return self
+
+    @field_validator("npcs", "slots", "offers")
+    @classmethod
+    def _unique_ids(cls, items: tuple) -> tuple:
+        ids = [i.id for i in items]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"duplicate id(s): {sorted(dup)}")
+        return items
+
+
+def _check_references(spec: ScenarioSpec) -> None:
+    npcs = set(spec.npc_ids)
+    slots = {s.id: s for s in spec.slots}
+    for s in spec.slots:
+        if s.stakeholders != "all":
+            unknown = set(s.stakeholders) - npcs
+            if unknown:
+                raise ValueError(f"slots.{s.id}.stakeholders: unknown npc(s) {sorted(unknown)}")
+        opts = [o.id for o in s.options]
+        if len(set(opts)) != len(opts):
+            raise ValueError(f"slots.{s.id}.options: duplicate option ids")
+    for n in spec.npcs:
+        for slot_id, prefs in n.preferences.items():
+            if slot_id not in slots:
+                raise ValueError(f"npcs.{n.id}.preferences: unknown slot '{slot_id}'")
+            unknown = set(prefs) - set(slots[slot_id].option_ids) - {"default"}
+            if unknown:
+                raise ValueError(f"npcs.{n.id}.preferences.{slot_id}: unknown option(s) {sorted(unknown)}")
+            missing = set(slots[slot_id].option_ids) - set(prefs)
+            if missing and "default" not in prefs:
+                raise ValueError(
+                    f"npcs.{n.id}.preferences.{slot_id}: no distribution for {sorted(missing)} and no 'default'"
+                )
+        for slot_id in slots:
+            if n.id in spec.stakeholders(slot_id) and slot_id not in n.preferences:
+                raise ValueError(f"npcs.{n.id}.preferences: missing slot '{slot_id}' it is a stakeholder of")
+    for o in spec.offers:
+        if o.kind == "promise" and o.target_slot not in slots:
+            raise ValueError(f"offers.{o.id}.target_slot: a promise needs a known slot, got {o.target_slot!r}")
+        if o.kind == "pay" and spec.budget is None:
+            raise ValueError(f"offers.{o.id}: a 'pay' offer needs a scenario budget")
+    for i, e in enumerate(spec.events):
+        for who in (e.npc, *e.npcs):
+            if who is not None and who not in npcs:
+                raise ValueError(f"events[{i}].npc: unknown npc '{who}'")
+        if e.kind in ("participant_leaves", "late_arrival", "preference_change") and e.npc is None:
+            raise ValueError(f"events[{i}].npc: '{e.kind}' needs an npc")
+        if e.kind == "preference_change" and e.slot not in slots:
+            raise ValueError(f"events[{i}].slot: 'preference_change' needs a known slot")
+        if e.kind == "conflict" and len(e.npcs) != 2:
+            raise ValueError(f"events[{i}].npcs: 'conflict' needs exactly two npcs")
+        if e.kind == "weather_change" and not e.tag:
+            raise ValueError(f"events[{i}].tag: 'weather_change' needs a tag")
+        if e.kind == "budget_cut" and (e.amount is None or spec.budget is None):
+            raise ValueError(f"events[{i}].amount: 'budget_cut' needs an amount and a scenario budget")
+    if "within_budget" in spec.guards and spec.budget is None:
+        raise ValueError("guards: 'within_budget' needs a scenario budget")
+    if "no_secret_leaked" in spec.guards and not any(n.secret for n in spec.npcs):
+        raise ValueError("guards: 'no_secret_leaked' needs at least one npc with a secret")
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be loaded; the message names the file and the field."""
+
+
+def _format_validation(path: str, err: ValidationError) -> str:
+    lines = [f"{path}: invalid scenario spec"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"  field {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_spec(data: object, source: str = "<data>") -> ScenarioSpec:
+    """Validate a mapping into a :class:`ScenarioSpec`; errors name ``source`` and the field."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: a scenario file must hold a mapping, got {type(data).__name__}")
+    try:
+        return ScenarioSpec.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError(_format_validation(source, err)) from None
+
+
+def load_spec(path: str | Path) -> ScenarioSpec:
+    """Load one scenario YAML file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ScenarioError(f"{path}: not valid YAML: {err}") from None
+    return parse_spec(data, str(path))
+
+
+def builtin_scenario_files() -> list[Path]:
+    root = resources.files("socialworld") / "scenarios"
+    return sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_builtin_scenarios() -> dict[str, ScenarioSpec]:
+    """The shipped scenarios, keyed by id, ordered by tier then file name."""
+    specs = [load_spec(p) for p in builtin_scenario_files()]
+    specs.sort(key=lambda s: (s.tier, s.id))
+    return {s.id: s for s in specs}
+
+
+def resolve_scenarios(names: list[str] | None = None, tiers: list[str] | None = None) -> list[ScenarioSpec]:
+    """Pick scenarios by id (with or without the ``-vN`` suffix), file path, or tier."""
+    builtin = load_builtin_scenarios()
+    if not names:
+        chosen = list(builtin.values())
+    else:
+        chosen = []
+        for name in names:
+            if name.endswith((".yaml", ".yml")):
+                chosen.append(load_spec(name))
+                continue
+            matches = [s for sid, s in builtin.items() if sid == name or sid.rsplit("-v", 1)[0] == name]
+            if not matches:
+                raise ScenarioError(f"unknown scenario '{name}'; known: {', '.join(builtin)}")
+            chosen.append(matches[-1])
+    if tiers:
+        bad = set(tiers) - set(TIERS)
+        if bad:
+            raise ScenarioError(f"unknown tier(s) {sorted(bad)}; tiers are {', '.join(TIERS)}")
+        chosen = [s for s in chosen if s.tier in tiers]
+    return chosen
+

@@ -1,0 +1,100 @@
+"""Every text template of the project, in one place, named and versioned.
+
+* ``NPC_REPLIES`` (``npc-replies-v1``): what NPCs say, realised with a per-NPC style opener.
+* ``CUES`` (``cues-v1``): mood cues the agent sees instead of moods.
+* ``AGENT_UTTERANCES`` (``agent-utterances-v1``): what the scripted policies say.
+* ``OBSERVATION_TEXT`` (``observation-text-v1``): the rendered observation.
+
+Templates are plain ``str.format`` strings; the engine decides *which* one, never the text.
+"""
+
+from __future__ import annotations
+
+NPC_REPLIES_VERSION = "npc-replies-v1"
+CUES_VERSION = "cues-v1"
+AGENT_UTTERANCES_VERSION = "agent-utterances-v1"
+OBSERVATION_TEXT_VERSION = "observation-text-v1"
+
+STYLE_OPENERS: dict[str, str] = {
+    "warm": "Oh, ",
+    "formal": "Well, ",
+    "blunt": "",
+    "shy": "Um... ",
+    "cheerful": "Ha, ",
+}
+
+NPC_REPLIES: dict[str, str] = {
+    "approach": "{open}nice of you to check in.",
+    "approach_again": "{open}yes, still here.",
+    "inquire_truth": "{open}for the {slot}, I'd really like {fav}.{vetoes}",
+    "inquire_vetoes": " I can't do {vetoes}.",
+    "inquire_vague": "{open}hard to say, I'm not sure about the {slot} yet.",
+    "inquire_repeat": "{open}I already told you about the {slot}.",
+    "confide": "{open}between us: {secret}",
+    "accept": "{open}{option} works for me.",
+    "reject_veto": "{open}{option} is out of the question for me.",
+    "reject_dislike": "{open}I'm not keen on {option}.",
+    "reject_dislike_fav": "{open}I'm not keen on {option}; I'd rather have {fav}.",
+    "reject_conflict": "{open}not until things with {other} are sorted out.",
+    "negotiate_accept": "{open}alright, with that, {option} works for me.",
+    "negotiate_reject": "{open}that's kind, but I'm still not keen on {option}.",
+    "negotiate_noted": "{open}noted.",
+    "promise_terms": " Deal, as long as I get {target} for the {target_slot}.",
+    "repair_ok": "{open}thanks, I appreciate that.",
+    "repair_wasted": "{open}there's nothing to apologise for.",
+    "repair_wrong_order": "{open}so you're taking {other}'s side before hearing me out?",
+    "finalize_ok": "{open}great, {option} it is.",
+    "finalize_refuse": "{open}wait, I never agreed to {option}.",
+    "broken_promise": "{open}you promised me {target} for the {target_slot}!",
+}
+
+CUES: dict[str, tuple[str, str, str]] = {
+    # style: (low, mid, high)
+    "warm": ("sounds hurt", "seems fine", "sounds delighted"),
+    "formal": ("is curt", "is composed", "is openly pleased"),
+    "blunt": ("sounds annoyed", "shrugs", "sounds upbeat"),
+    "shy": ("goes quiet", "nods along", "smiles"),
+    "cheerful": ("stopped joking", "is chatty", "is beaming"),
+}
+
+ANNOUNCEMENTS: dict[str, str] = {
+    "participant_leaves": "{name} has to leave and will not take part in the open decisions.",
+    "late_arrival": "{name} has just arrived and joins the open decisions.",
+    "preference_change": "{name} seems to be having second thoughts about the {slot}.",
+}
+
+AGENT_UTTERANCES: dict[str, str] = {
+    # expert-v1: polite, addressed, names the option, grounded where possible
+    "approach": "Hi {name}, how are you doing? I'd love to hear your thoughts.",
+    "inquire": "{name}, what would you prefer for the {slot}? Thanks for sharing.",
+    "propose": "How about {option} for the {slot}, {who}? Would that work for you?",
+    "propose_grounded": "{who}, I know you mentioned {ground}; how about {option} for the {slot}? Would that work?",
+    "negotiate": "{name}, could we go with {option} for the {slot} if {offer}? I'd appreciate it.",
+    "repair": "{name}, I'm sorry about earlier, and thank you for your patience.",
+    "finalize": "Thanks everyone, let's lock in {option} for the {slot}.",
+    "wait": "Let's give it a moment, thanks everyone.",
+    "end": "Thank you all, that's everything for today.",
+}
+
+RANDOM_UTTERANCES: tuple[str, ...] = (
+    "ok",
+    "Whatever, we just have to decide now.",
+    "{name}, you must accept {option} immediately.",
+    "Hello?",
+    "I think {option} is fine, maybe, I don't know, let's see what happens with everything and everyone.",
+    "{name}, please, what about the {slot}?",
+    "Fine, {option}. No choice.",
+    "Did you hear that {secret_hint}?",
+)
+
+OBSERVATION_TEXT = """\
+{name} ({tier}), turn {step}/{budget}, {left} turns left.
+Role: {role}
+Goal: {goal}
+{budget_line}People:
+{people}
+Decisions:
+{slots}
+{facts}{commitments}{conflicts}{announcements}{recent}Offers: {offers}
+Actions: approach(npc) inquire(npc, slot) propose(slot, option, npc|all) negotiate(npc, slot, option, offer) \
+repair(npc) wait() finalize(slot, option) end()"""
