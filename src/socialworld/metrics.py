@@ -12,7 +12,7 @@ from statistics import fmean
 from typing import Iterable, Sequence
 
 from .core import MentalState
-from .records import EpisodeRecord, Metrics, Signal, StepRecord
+from .records import EpisodeRecord, Metrics, Signal
 
 CR_THRESHOLD = 0.6
 D_THRESHOLD = 0.5
@@ -124,6 +124,3 @@ def group_by(episodes: Iterable[EpisodeRecord], key: str) -> dict[str, list[Epis
         out.setdefault(getattr(e, key), []).append(e)
     return out
 
-
-def step_penalties(steps: Sequence[StepRecord]) -> float:
-    return sum(s.signals.penalty.value or 0.0 for s in steps)

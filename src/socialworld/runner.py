@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from . import __version__
-from .core import Decision, MentalState, Policy, PrivilegedPolicy
+from .core import Decision, Policy, PrivilegedPolicy
 from .metrics import align, episode_metrics
 from .records import (
     ActionRec,
@@ -31,7 +31,7 @@ from .records import (
 )
 from .spec import ScenarioSpec
 from .templates import AGENT_UTTERANCES_VERSION, CUES_VERSION, NPC_REPLIES_VERSION, OBSERVATION_TEXT_VERSION
-from .visibility import OBSERVATION_PROVENANCE, observe, render
+from .visibility import OBSERVATION_PROVENANCE, observe, render, to_plain
 from .world import SNAPSHOT_VERSION, World
 
 TEMPLATES = {
@@ -60,10 +60,6 @@ def _decide(policy: Policy | PrivilegedPolicy, keys: list[str], worlds: list[Wor
     if is_privileged(policy):
         return policy.act(keys, obs, [w.hidden_view() for w in worlds])  # type: ignore[call-arg]
     return policy.act(keys, obs)  # type: ignore[call-arg]
-
-
-def _obs_dict(obs) -> dict:
-    return dataclasses.asdict(obs)
 
 
 def run_episodes(
@@ -110,7 +106,7 @@ def _step(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
     truth = w.truth()
     a_t = align(d.mental_state, truth)
     setting = Setting(scenario_id=w.spec.id, tier=w.spec.tier, seed=w.seed, step=w.t, turn_budget=w.spec.turn_budget)
-    obs_rec = ObservationRec(structured=_obs_dict(obs), text=render(obs), provenance=OBSERVATION_PROVENANCE)  # type: ignore[arg-type]
+    obs_rec = ObservationRec(structured=to_plain(obs), text=render(obs), provenance=OBSERVATION_PROVENANCE)  # type: ignore[arg-type]
     res = w.step(d.action, parse_error=d.parse_error)
     moods = {k: Signal(value=v, source="direct", confidence=1.0, detail="hidden state") for k, v in w.moods().items()}
     q = (
@@ -179,6 +175,3 @@ def _episode(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, po
         ),
     )
 
-
-def empty_mental_state() -> MentalState:
-    return MentalState()

@@ -94,6 +94,19 @@ def observe(spec: ScenarioSpec, pub: PublicState) -> Observation:
     )
 
 
+def to_plain(x):
+    """JSON-ready form of an observation (or any slotted dataclass tree); far cheaper than
+    :func:`dataclasses.asdict`, which deep-copies every leaf."""
+    slots = getattr(type(x), "__slots__", None)
+    if slots is not None and hasattr(x, "__dataclass_fields__"):
+        return {f: to_plain(getattr(x, f)) for f in x.__dataclass_fields__}
+    if isinstance(x, (tuple, list)):
+        return [to_plain(v) for v in x]
+    if isinstance(x, dict):
+        return {k: to_plain(v) for k, v in x.items()}
+    return x
+
+
 def legal_actions(obs: Observation) -> list[Action]:
     """Every legal action (without utterance) in this observation. Matches
     :meth:`socialworld.world.World.check_legal` (a test holds them equal)."""

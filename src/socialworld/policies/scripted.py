@@ -25,7 +25,7 @@ from ..dialogue import assess
 from ..rng import WorldRNG, derive_seed
 from ..templates import AGENT_UTTERANCES, RANDOM_UTTERANCES
 from ..visibility import legal_actions
-from ..world import REPAIR_NEEDED_BELOW, acceptance_score
+from ..world import PRESSURE_W, REPAIR_NEEDED_BELOW, acceptance_score
 
 _ORDER = {"low": 0, "mid": 1, "high": 2}
 
@@ -333,9 +333,15 @@ class OraclePolicy:
         return say(obs, Action("end"))
 
     def _deficit(self, obs: Observation, hv: HiddenView, npc: str, slot: str, option: str, q: float) -> float:
+        """Shortfall of ``npc``'s acceptance score, once everyone else has accepted (the social
+        pressure a one-to-one re-proposal gets)."""
         h = hv.npcs[npc]
         conc = max((_offer(obs, c.offer).value for c in obs.commitments if (c.npc, c.slot, c.option) == (npc, slot, option)), default=0.0)
-        return h.threshold - acceptance_score(h.utilities[slot][option], h.mood, conc, 0.0, q)
+        spec = hv.spec
+        holders = obs.slot(slot).stakeholders
+        infl = sum(spec.npc(j).traits.influence for j in holders if j != npc)  # type: ignore[attr-defined]
+        pressure = PRESSURE_W * spec.npc(npc).traits.agreeableness * infl / max(1, len(holders) - 1)  # type: ignore[attr-defined]
+        return h.threshold - acceptance_score(h.utilities[slot][option], h.mood, conc, pressure, q)
 
     def _plan(self, obs: Observation, hv: HiddenView, s: SlotView) -> tuple[str, list[tuple[str, str]]] | None:
         """Best option for ``s`` and the (npc, offer) concessions it needs."""
@@ -422,8 +428,8 @@ class OraclePolicy:
             best = max(options, key=lambda o: sum(hv.npcs[h].utilities[s.id][o.id] for h in s.stakeholders))
             if s.proposal == best.id and all(h in s.accepted_by for h in s.stakeholders):
                 return say(obs, Action("finalize", slot=s.id, option=best.id))
-            if s.proposal == best.id:
-                return None
+            if s.proposal == best.id and all(h in s.accepted_by or h in s.rejected_by for h in s.stakeholders):
+                return None  # asked everyone; not winnable
             plan = (best.id, [])
         option, needs = plan
         done = {(c.npc, c.offer) for c in obs.commitments if c.slot == s.id and c.option == option}

@@ -1,0 +1,120 @@
+"""The ``socialworld`` command: a thin layer, each command one library call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .check import check_scenario
+from .evaluate import EvalConfig, evaluate, help_for
+from .play import play_episode
+from .spec import ScenarioError, load_builtin_scenarios, resolve_scenarios
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="A seeded social world for language agents.")
+console = Console()
+H = lambda name: help_for(EvalConfig, name)  # noqa: E731
+
+
+def _fail(msg: str) -> None:
+    Console(stderr=True).print(f"[red]error:[/red] {msg}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def scenarios(as_json: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
+    """List the shipped scenarios with their tiers."""
+    specs = load_builtin_scenarios()
+    if as_json:
+        print(json.dumps([{"id": s.id, "tier": s.tier} for s in specs.values()]))
+        return
+    t = Table("id", "tier", "name", "npcs", "decisions", "turns")
+    for s in specs.values():
+        t.add_row(s.id, s.tier, s.name, str(len(s.npcs)), ", ".join(s.slot_ids), str(s.turn_budget))
+    console.print(t)
+
+
+@app.command()
+def play(
+    scenario: str = typer.Argument(..., help="scenario id (with or without -vN) or a YAML path"),
+    policy: str = typer.Option("expert", help=H("policy")),
+    seed: int = typer.Option(0, help="episode seed"),
+) -> None:
+    """Play one episode and print it readably: the five dimensions per step, replies, signals."""
+    try:
+        spec = resolve_scenarios([scenario])[0]
+        play_episode(spec, policy, seed, console)
+    except (ScenarioError, ValueError) as err:
+        _fail(str(err))
+
+
+@app.command("eval")
+def eval_cmd(
+    policy: str = typer.Option("expert", help=H("policy")),
+    tiers: Optional[list[str]] = typer.Option(None, "--tiers", help=H("tiers")),
+    scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=H("scenarios")),
+    episodes: int = typer.Option(3, help=H("episodes")),
+    seed: int = typer.Option(0, help=H("seed")),
+    batch_size: int = typer.Option(64, help=H("batch_size")),
+    out: Optional[Path] = typer.Option(None, help=H("out")),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document instead of tables"),
+) -> None:
+    """Evaluate a policy: metric table per tier and per scenario; records written to --out."""
+    tiers = [t for x in (tiers or []) for t in x.split(",") if t] or None
+    cfg = EvalConfig(policy=policy, tiers=tiers, scenarios=scenario, episodes=episodes, seed=seed,
+                     batch_size=batch_size, out=out)
+    try:
+        n = len(resolve_scenarios(cfg.scenarios, cfg.tiers)) * cfg.episodes
+        if as_json:
+            result = evaluate(cfg)
+        else:
+            with Progress(TextColumn("eval {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console) as bar:
+                task = bar.add_task(policy, total=n)
+                result = evaluate(cfg, on_episode=lambda _: bar.advance(task))
+    except (ScenarioError, ValueError) as err:
+        _fail(str(err))
+        return
+    summary = result.summary()
+    if as_json:
+        print(json.dumps(summary))
+        return
+    cols = ("U", "A_e", "S_npc", "D", "CR", "pass_rate")
+    for title, rows in (("by tier", summary["by_tier"]), ("by scenario", summary["by_scenario"])):
+        t = Table(title=f"{policy}: {title} ({summary['episodes']} episodes)")
+        t.add_column("tier" if title == "by tier" else "scenario")
+        for c in ("n", *cols):
+            t.add_column(c, justify="right")
+        for key, m in rows.items():
+            t.add_row(key, str(m["n"]), *(f"{m[c]:.2f}" for c in cols))
+        console.print(t)
+    if out is not None:
+        console.print(f"records: {out}/episodes.jsonl, {out}/episodes.parquet; summary: {out}/metrics.json")
+
+
+@app.command()
+def check(
+    scenario: list[str] = typer.Argument(None, help="scenario ids or YAML paths (default: all shipped)"),
+    seeds: int = typer.Option(50, help="seeds for the oracle-solvability and leak checks"),
+) -> None:
+    """Run check_scenario (schema, oracle solvability, determinism, no hidden-value leaks)."""
+    try:
+        specs = resolve_scenarios(scenario or None)
+    except ScenarioError as err:
+        _fail(str(err))
+        return
+    bad = 0
+    for spec in specs:
+        r = check_scenario(spec, seeds=seeds)
+        status = "[green]ok[/green]" if r.ok else "[red]FAIL[/red]"
+        console.print(f"{status} {spec.id}: oracle pass {r.oracle_pass_rate:.0%}, settles all decisions {r.oracle_solve_rate:.0%}, {r.observations_checked} observations checked")
+        for p in r.problems:
+            console.print(f"   - {p}")
+        bad += not r.ok
+    if bad:
+        raise typer.Exit(1)

@@ -1,0 +1,96 @@
+"""Public test helpers: a tiny scenario, a fixed-script policy, and hidden-state setters.
+
+They let users (and our own tests) build small hand-made states and check an action's exact
+effect, the way PettingZoo ships its conformance tests.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .core import Action, Decision, MentalState, Observation
+from .spec import ScenarioSpec, parse_spec
+from .world import World
+
+
+def tiny_spec_data(**overrides) -> dict:
+    """A two-NPC, one-decision scenario (as a mapping, so tests can break it on purpose)."""
+    data = {
+        "id": "tiny-v1",
+        "name": "Tiny",
+        "tier": "L0",
+        "setting": "Two friends choose a film.",
+        "role": "You pick the film.",
+        "goal": "Agree on a film.",
+        "turn_budget": 8,
+        "t_ref": 4,
+        "npcs": [
+            {"id": "ann", "name": "Ann", "profile": "likes drama", "style": "warm",
+             "traits": {"openness": 0.9, "agreeableness": 0.5, "sensitivity": 0.5, "influence": 0.5},
+             "threshold": [0.5, 0.5], "mood": [0.5, 0.5],
+             "secret": {"text": "I am moving abroad.", "keywords": ["abroad"]},
+             "preferences": {"film": {"drama": [0.8, 0.8], "comedy": [0.4, 0.4], "horror": [0.1, 0.1]}}},
+            {"id": "bob", "name": "Bob", "profile": "likes comedy", "style": "blunt",
+             "traits": {"openness": 0.9, "agreeableness": 0.5, "sensitivity": 0.5, "influence": 0.5},
+             "threshold": [0.5, 0.5], "mood": [0.5, 0.5],
+             "preferences": {"film": {"drama": [0.45, 0.45], "comedy": [0.8, 0.8], "horror": [0.3, 0.3]}}},
+        ],
+        "slots": [{"id": "film", "label": "film", "options": [
+            {"id": "drama", "label": "Drama"}, {"id": "comedy", "label": "Comedy"},
+            {"id": "horror", "label": "Horror", "tags": ["scary"]}]}],
+        # one decision and two guards: deliberately minimal; see check_scenario's idle check
+        "offers": [{"id": "treat", "kind": "goodwill", "text": "I'll buy the popcorn", "value": 0.1}],
+        "guards": ["no_secret_leaked", "good_relations"],
+    }
+    data.update(overrides)
+    return data
+
+
+def tiny_spec(**overrides) -> ScenarioSpec:
+    return parse_spec(tiny_spec_data(**overrides), "<tiny>")
+
+
+def set_hidden(world: World, npc: str, *, slot: str | None = None, utilities: dict[str, float] | None = None,
+               vetoes: Sequence[str] = (), threshold: float | None = None, mood: float | None = None,
+               engagement: float | None = None) -> None:
+    """Overwrite hidden values of one NPC (for hand-built test states)."""
+    h = world.hid[npc]
+    if slot is not None and utilities is not None:
+        h.utilities = {**h.utilities, slot: dict(utilities)}
+        h.vetoes = {**h.vetoes, slot: frozenset(vetoes)}
+    if threshold is not None:
+        h.threshold = threshold
+    if mood is not None:
+        h.mood = mood
+    if engagement is not None:
+        h.engagement = engagement
+
+
+class FixedPolicy:
+    """Plays a fixed list of action texts (canonical form, ``|`` then the utterance), then
+    ``end()``. Text that does not parse becomes an unparseable decision, as from an LM."""
+
+    policy_id = "fixed"
+
+    def __init__(self, script: Sequence[str], mental_state: MentalState | None = None):
+        self.script = list(script)
+        self.mental_state = mental_state or MentalState()
+        self._pos: dict[str, int] = {}
+
+    def reset(self, episode_keys: Sequence[str]) -> None:
+        for k in episode_keys:
+            self._pos[k] = 0
+
+    def act(self, episode_keys: Sequence[str], observations: Sequence[Observation]) -> list[Decision]:
+        out = []
+        for k in episode_keys:
+            i = self._pos.get(k, 0)
+            self._pos[k] = i + 1
+            raw = self.script[i] if i < len(self.script) else "end() | Bye everyone, thanks."
+            text, _, utterance = raw.partition("|")
+            try:
+                a = Action.parse(text.strip(), utterance.strip())
+                out.append(Decision(a, self.mental_state, raw=raw))
+            except ValueError as err:
+                out.append(Decision(None, None, raw=raw, parse_error=str(err)))
+        return out

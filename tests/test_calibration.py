@@ -1,0 +1,35 @@
+"""Calibration (DESIGN §5.2) over 100 seeds per scenario: slow, run in CI with -m slow."""
+
+import pytest
+
+from socialworld.metrics import aggregate, group_by
+from socialworld.policies import make_policy
+from socialworld.runner import EpisodeJob, run_episodes
+
+SEEDS = range(100)
+
+
+def _rates(specs, policy):
+    eps = run_episodes(make_policy(policy, seed=5), [EpisodeJob(s, 50_000 + i) for s in specs.values() for i in SEEDS])
+    return {t: aggregate(e).pass_rate for t, e in group_by(eps, "tier").items()}
+
+
+@pytest.mark.slow
+def test_calibration_bands(specs):
+    rnd, exp, orc = (_rates(specs, p) for p in ("random", "expert", "oracle"))
+    print("random", rnd, "expert", exp, "oracle", orc)
+    for t in ("L0", "L1", "L2"):
+        assert rnd[t] < 0.05
+        assert orc[t] >= 0.90
+    assert 0.85 <= exp["L0"] <= 0.95
+    assert 0.60 <= exp["L1"] <= 0.80
+    assert 0.40 <= exp["L2"] <= 0.60
+    assert orc["L1"] - exp["L1"] >= 0.15 and orc["L2"] - exp["L2"] >= 0.15
+
+
+def test_calibration_smoke(specs):
+    """Quick version for the default suite: the ordering random < expert < oracle holds."""
+    eps = {p: run_episodes(make_policy(p, seed=5), [EpisodeJob(s, 70_000 + i) for s in specs.values() for i in range(6)])
+           for p in ("random", "expert", "oracle")}
+    pr = {p: aggregate(e).pass_rate for p, e in eps.items()}
+    assert pr["random"] < pr["expert"] < pr["oracle"]

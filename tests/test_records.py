@@ -1,0 +1,57 @@
+import json
+
+from socialworld.policies import make_policy
+from socialworld.records import read_jsonl, read_parquet, write_jsonl, write_parquet
+from socialworld.runner import EpisodeJob, run_episodes
+from socialworld.s3ap import agent_trace, from_s3ap, to_s3ap
+from socialworld.testing import FixedPolicy, tiny_spec
+
+
+def _episodes(specs):
+    return run_episodes(make_policy("expert"), [EpisodeJob(s, 3) for s in list(specs.values())[:3]])
+
+
+def test_jsonl_and_parquet_round_trip_exactly(tmp_path, specs):
+    eps = _episodes(specs)
+    write_jsonl(tmp_path / "e.jsonl", eps)
+    write_parquet(tmp_path / "e.parquet", eps)
+    assert read_jsonl(tmp_path / "e.jsonl") == eps
+    assert read_parquet(tmp_path / "e.parquet") == eps
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(tmp_path / "e.parquet")
+    assert t.column("scenario_id").to_pylist() == [e.scenario_id for e in eps]
+    assert not list(tmp_path.glob(".*tmp"))  # atomic writes leave no temp files
+
+
+def test_records_are_versioned_and_carry_provenance(specs):
+    ep = _episodes(specs)[0]
+    st = ep.steps[0]
+    assert ep.schema_version == "episode-v1" and st.schema_version == "step-v1"
+    assert st.observation.provenance["npcs.cue"] == "proxy"
+    assert st.signals.q.detail == "rule:dialogue-v1"
+    assert ep.lineage.spec_hash == specs[ep.scenario_id].content_hash
+    assert ep.metrics is not None and ep.diagnostics is not None
+
+
+def test_unparseable_output_is_recorded_raw_and_penalised():
+    spec = tiny_spec()
+    ep = run_episodes(FixedPolicy(["I think we should watch something", "propose(film, drama, all) | Everyone, Drama?"]),
+                      [EpisodeJob(spec, 0)])[0]
+    s0 = ep.steps[0]
+    assert s0.action.parse_status == "unparseable" and s0.action.raw == "I think we should watch something"
+    assert s0.action.executed == "wait()" and s0.signals.penalty.value == 0.2
+    assert s0.signals.q.source == "missing"
+    assert ep.steps[1].action.parse_status == "ok"
+
+
+def test_s3ap_export_import_round_trip(specs):
+    ep = _episodes(specs)[0]
+    doc = to_s3ap(ep)
+    back = from_s3ap(json.dumps(doc.model_dump()))
+    assert back == doc
+    trace = agent_trace(back)
+    assert [t["action"] for t in trace] == [s.action.executed for s in ep.steps]
+    assert [t["mental_state"] for t in trace] == [s.mental_state.stated for s in ep.steps]
+    assert back.timesteps[0].observations["agent"].count("<mental_state>") == 1
+    assert set(back.agents) == {"agent", *specs[ep.scenario_id].npc_ids}
