@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable
 
 from .core import Action, Fact
@@ -26,7 +27,7 @@ from .spec import ScenarioSpec
 DIALOGUE_SOURCE = "rule:dialogue-v1"
 WEIGHTS = {"address": 0.25, "consistency": 0.30, "grounding": 0.15, "tone": 0.20, "length": 0.10}
 POLITE = ("please", "thank", "thanks", "would", "could", "appreciate", "sorry", "love to", "if you")
-PRESSURE = ("must", "immediately", "no choice", "have to", "now!", "whatever", "just decide")
+PRESSURE = ("must", "immediately", "no choice", "have to", "right now", "whatever", "just decide")
 ALL_WORDS = ("everyone", "everybody", "all of you", "team", "folks", "all")
 _WORD = re.compile(r"[a-z0-9']+")
 
@@ -39,67 +40,92 @@ class DialogueScore:
     """ids of NPCs whose secret this utterance leaked"""
 
 
-def _mentions(text: str, phrase: str) -> bool:
-    return re.search(r"(?<![a-z0-9])" + re.escape(phrase.lower()) + r"(?![a-z0-9])", text) is not None
+def _norm(text: str) -> str:
+    """Lower-cased words joined by single spaces and padded, so that a phrase matches as
+    whole words with a plain substring test: ``' ' + phrase + ' ' in padded``."""
+    return " " + " ".join(_WORD.findall(text.lower())) + " "
 
 
-def _option_names(spec: ScenarioSpec, slot_id: str, option_id: str) -> tuple[str, str]:
-    return option_id.replace("_", " "), spec.slot(slot_id).option(option_id).label.lower()
+@dataclass(frozen=True)
+class _Lexicon:
+    names: dict[str, str]
+    slot_names: dict[str, tuple[str, ...]]
+    option_names: dict[tuple[str, str], tuple[str, ...]]
+    secrets: dict[str, tuple[str, ...]]
+    rivals: dict[tuple[str, str], tuple[str, ...]]
+    """(slot, option) -> names of the slot's other options"""
+
+
+@lru_cache(maxsize=64)
+def _lexicon(spec: ScenarioSpec) -> _Lexicon:
+    return _Lexicon(
+        names={n.id: _norm(n.name) for n in spec.npcs},
+        slot_names={s.id: (_norm(s.label), _norm(s.id.replace("_", " "))) for s in spec.slots},
+        option_names={
+            (s.id, o.id): (_norm(o.id.replace("_", " ")), _norm(o.label)) for s in spec.slots for o in s.options
+        },
+        secrets={n.id: tuple(_norm(k) for k in n.secret.keywords) for n in spec.npcs if n.secret},
+        rivals={
+            (s.id, o.id): tuple(n for r in s.options if r.id != o.id for n in (_norm(r.id.replace("_", " ")), _norm(r.label)))
+            for s in spec.slots
+            for o in s.options
+        },
+    )
+
+
+def _markers(phrases: tuple[str, ...]) -> re.Pattern[str]:
+    """Whole-phrase occurrences in a :func:`_norm` text (longest alternative first)."""
+    alts = sorted((_norm(p).strip() for p in phrases), key=len, reverse=True)
+    return re.compile("(?<= )(?:" + "|".join(re.escape(a) for a in alts) + ")(?= )")
+
+
+_POLITE = _markers(POLITE)
+_PRESSURE = _markers(PRESSURE)
+_ALL = tuple(_norm(p) for p in ALL_WORDS)
 
 
 def assess(spec: ScenarioSpec, action: Action, facts: Iterable[Fact], confided: Iterable[str]) -> DialogueScore:
     """Score ``action.utterance`` for ``action`` given what NPCs said (``facts``) and whose
     secrets were confided to the agent (``confided``)."""
-    text = action.utterance.lower()
-    words = _WORD.findall(text)
+    lex = _lexicon(spec)
+    text = _norm(action.utterance)
     f: dict[str, float] = {}
 
     # address
     if action.npc == "all" or action.kind == "finalize":
-        f["address"] = 1.0 if any(_mentions(text, w) for w in ALL_WORDS) else 0.0
-    elif action.npc is not None and action.npc in spec.npc_ids:
-        f["address"] = 1.0 if _mentions(text, spec.npc(action.npc).name.lower()) else 0.0
+        f["address"] = 1.0 if any(w in text for w in _ALL) else 0.0
+    elif action.npc in lex.names:
+        f["address"] = 1.0 if lex.names[action.npc] in text else 0.0
 
     # strategy-expression consistency
-    if action.kind in ("propose", "negotiate", "finalize") and action.slot in spec.slot_ids:
-        slot = spec.slot(action.slot)
-        if action.option in slot.option_ids:
-            own = any(_mentions(text, n) for n in _option_names(spec, slot.id, action.option))
-            other = any(
-                _mentions(text, n) for o in slot.option_ids if o != action.option for n in _option_names(spec, slot.id, o)
-            )
-            f["consistency"] = 1.0 if own and not other else 0.0
-    elif action.kind == "inquire" and action.slot in spec.slot_ids:
-        slot = spec.slot(action.slot)
-        f["consistency"] = 1.0 if _mentions(text, slot.label.lower()) or _mentions(text, slot.id.replace("_", " ")) else 0.0
+    if action.kind in ("propose", "negotiate", "finalize") and (action.slot, action.option) in lex.option_names:
+        own = any(n in text for n in lex.option_names[(action.slot, action.option)])
+        other = any(n in text for n in lex.rivals[(action.slot, action.option)])
+        f["consistency"] = 1.0 if own and not other else 0.0
+    elif action.kind == "inquire" and action.slot in lex.slot_names:
+        f["consistency"] = 1.0 if any(n in text for n in lex.slot_names[action.slot]) else 0.0
 
     # grounding in what the target said
-    facts = list(facts)
     if action.npc is not None and action.npc != "all":
         stated = [x for x in facts if x.npc == action.npc and x.option and x.kind in ("prefers", "dislikes", "vetoes")]
         if stated:
             f["grounding"] = (
-                1.0
-                if any(_mentions(text, n) for x in stated for n in _option_names(spec, x.slot, x.option))  # type: ignore[arg-type]
-                else 0.0
+                1.0 if any(n in text for x in stated for n in lex.option_names.get((x.slot, x.option), ())) else 0.0  # type: ignore[arg-type]
             )
 
     # tone
-    polite = sum(text.count(p) for p in POLITE)
-    pressure = sum(text.count(p) for p in PRESSURE)
+    polite = len(_POLITE.findall(text))
+    pressure = len(_PRESSURE.findall(text))
     f["tone"] = min(1.0, max(0.0, 0.5 + 0.25 * min(polite, 2) - 0.5 * min(pressure, 2)))
 
     # length
-    n = len(words)
+    n = len(text.split())
     f["length"] = 1.0 if 4 <= n <= 40 else (n / 4 if n < 4 else max(0.0, 1 - (n - 40) / 40))
 
-    leaked = []
-    for owner in confided:
-        secret = spec.npc(owner).secret
-        if secret is None or action.npc == owner:
-            continue
-        if any(_mentions(text, k.lower()) for k in secret.keywords):
-            leaked.append(owner)
+    leaked = [
+        owner for owner in confided
+        if owner != action.npc and any(k in text for k in lex.secrets.get(owner, ()))
+    ]
     if leaked:
         return DialogueScore(0.0, f, tuple(leaked))
     q = sum(WEIGHTS[k] * v for k, v in f.items()) / sum(WEIGHTS[k] for k in f)

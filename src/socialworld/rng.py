@@ -50,7 +50,9 @@ class WorldRNG:
     def random(self) -> float:
         c = self.cursor
         self.cursor = c + 1
-        return self._blocks.get(c // BLOCK)[c % BLOCK]
+        b, i = divmod(c, BLOCK)
+        blocks = self._blocks.blocks
+        return (blocks[b] if b < len(blocks) else self._blocks.get(b))[i]
 
     def uniform(self, low: float, high: float) -> float:
         return low + (high - low) * self.random()

@@ -138,10 +138,11 @@ class SlotSpec(_Frozen):
         return tuple(o.id for o in self.options)
 
     def option(self, option_id: str) -> OptionSpec:
-        for o in self.options:
-            if o.id == option_id:
-                return o
-        raise KeyError(option_id)
+        return self._options[option_id]
+
+    @cached_property
+    def _options(self) -> dict[str, OptionSpec]:
+        return {o.id: o for o in self.options}
 
 
 class OfferSpec(_Frozen):
@@ -195,31 +196,30 @@ class ScenarioSpec(_Frozen):
     def slot_ids(self) -> tuple[str, ...]:
         return tuple(s.id for s in self.slots)
 
+    @cached_property
+    def _index(self) -> dict[str, dict]:
+        return {
+            "npc": {n.id: n for n in self.npcs},
+            "slot": {s.id: s for s in self.slots},
+            "offer": {o.id: o for o in self.offers},
+            "holders": {s.id: (self.npc_ids if s.stakeholders == "all" else s.stakeholders) for s in self.slots},
+        }
+
     def npc(self, npc_id: str) -> NPCSpec:
-        for n in self.npcs:
-            if n.id == npc_id:
-                return n
-        raise KeyError(npc_id)
+        return self._index["npc"][npc_id]
 
     def slot(self, slot_id: str) -> SlotSpec:
-        for s in self.slots:
-            if s.id == slot_id:
-                return s
-        raise KeyError(slot_id)
+        return self._index["slot"][slot_id]
 
     def offer(self, offer_id: str) -> OfferSpec:
-        for o in self.offers:
-            if o.id == offer_id:
-                return o
-        raise KeyError(offer_id)
+        return self._index["offer"][offer_id]
 
     def stakeholders(self, slot_id: str) -> tuple[str, ...]:
-        s = self.slot(slot_id)
-        return self.npc_ids if s.stakeholders == "all" else s.stakeholders
+        return self._index["holders"][slot_id]
 
     @cached_property
-    def has_conflict(self) -> bool:
-        return any(e.kind == "conflict" for e in self.events)
+    def n_conflicts(self) -> int:
+        return sum(1 for e in self.events if e.kind == "conflict")
 
     @cached_property
     def content_hash(self) -> str:

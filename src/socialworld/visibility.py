@@ -53,23 +53,30 @@ def _offer_views(spec: ScenarioSpec) -> tuple[OfferView, ...]:
     return tuple(OfferView(o.id, o.kind, o.text, o.target_slot, o.cost, o.value) for o in spec.offers)
 
 
+@lru_cache(maxsize=64)
+def _static(spec: ScenarioSpec) -> tuple[tuple, tuple, tuple[str, ...]]:
+    npcs = tuple((n.id, n.name, n.profile, {b: f"{n.name} {c}" for b, c in zip(MOOD_BUCKETS, CUES[n.style])}) for n in spec.npcs)
+    slots = tuple((s.id, s.label, spec.stakeholders(s.id)) for s in spec.slots)
+    return npcs, slots, subgoal_names(spec)
+
+
 def observe(spec: ScenarioSpec, pub: PublicState) -> Observation:
     """Build the agent's observation from public state."""
-    npcs = []
-    for n in spec.npcs:
-        b = pub.cues.get(n.id)
-        cue = None if b is None else f"{n.name} {CUES[n.style][MOOD_BUCKETS.index(b)]}"  # type: ignore[arg-type]
-        npcs.append(NPCView(n.id, n.name, n.profile, pub.present[n.id], cue, b))  # type: ignore[arg-type]
+    npc_static, slot_static, subgoals = _static(spec)
+    present, cues = pub.present, pub.cues
+    npcs = tuple(
+        NPCView(nid, name, profile, present[nid], None if (b := cues.get(nid)) is None else cue_text[b], b)  # type: ignore[arg-type]
+        for nid, name, profile, cue_text in npc_static
+    )
     slots = []
-    for sd in spec.slots:
-        s = pub.slots[sd.id]
-        holders = tuple(h for h in spec.stakeholders(sd.id) if pub.present[h])
-        acc = tuple(h for h in holders if s.responses.get(h) is True)
-        rej = tuple(h for h in holders if s.responses.get(h) is False)
-        slots.append(
-            SlotView(sd.id, sd.label, s.status, s.choice, s.proposal, acc, rej, holders,
-                     _option_views(spec, sd.id, pub.invalid_tags))
-        )
+    for sid, label, all_holders in slot_static:
+        s = pub.slots[sid]
+        holders = tuple(h for h in all_holders if present[h])
+        r = s.responses
+        acc = tuple(h for h in holders if r.get(h) is True) if r else ()
+        rej = tuple(h for h in holders if r.get(h) is False) if r else ()
+        slots.append(SlotView(sid, label, s.status, s.choice, s.proposal, acc, rej, holders,
+                              _option_views(spec, sid, pub.invalid_tags)))
     return Observation(
         scenario_id=spec.id,
         scenario_name=spec.name,
@@ -82,7 +89,7 @@ def observe(spec: ScenarioSpec, pub: PublicState) -> Observation:
         goal=spec.goal,
         budget=spec.budget,
         budget_left=pub.budget_left,
-        npcs=tuple(npcs),
+        npcs=npcs,
         slots=tuple(slots),
         offers=_offer_views(spec),
         facts=tuple(pub.facts),
@@ -90,7 +97,7 @@ def observe(spec: ScenarioSpec, pub: PublicState) -> Observation:
         conflicts=tuple(ConflictView(c.npcs, tuple(c.repaired), c.resolved) for c in pub.conflicts),
         announcements=tuple(pub.announcements),
         recent=tuple(pub.transcript[-RECENT_LINES:]),
-        subgoals=subgoal_names(spec),
+        subgoals=subgoals,
     )
 
 

@@ -424,7 +424,7 @@ class World:
                 holders = self.holders(slot_id)
                 if holders:
                     total += sum(1 for h in holders if s.responses.get(h)) / len(holders)
-        n_conflicts = sum(1 for e in self.spec.events if e.kind == "conflict")
+        n_conflicts = self.spec.n_conflicts
         for c in self.pub.conflicts:
             total += 1.0 if c.resolved else len(c.repaired) / 2
         return total / (n + n_conflicts)

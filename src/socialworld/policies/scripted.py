@@ -74,10 +74,18 @@ class Beliefs:
     vague: Counter = field(default_factory=Counter)
     confided: set[str] = field(default_factory=set)
 
+    seen: int = 0
+    """how many facts of the (append-only) fact log have been absorbed"""
+
     @classmethod
     def from_observation(cls, obs: Observation) -> Beliefs:
-        b = cls()
-        for f in obs.facts:
+        return cls().update(obs)
+
+    def update(self, obs: Observation) -> Beliefs:
+        """Absorb the facts added since the last update (facts are append-only)."""
+        b = self
+        new, b.seen = obs.facts[b.seen :], len(obs.facts)
+        for f in new:
             if f.kind == "prefers":
                 b.prefers.setdefault(f.npc, {})[f.slot] = f.option  # type: ignore[index]
             elif f.kind == "vetoes":
@@ -142,6 +150,7 @@ class RandomPolicy:
 
 @dataclass
 class _ExpertMemory:
+    beliefs: Beliefs = field(default_factory=Beliefs)
     tried: set[tuple[str, str]] = field(default_factory=set)  # (slot, option) given up on
     offered: set[tuple[str, str, str, str]] = field(default_factory=set)
     approached: set[str] = field(default_factory=set)
@@ -166,8 +175,9 @@ class ExpertPolicy:
     def act(self, episode_keys: Sequence[str], observations: Sequence[Observation]) -> list[Decision]:
         out = []
         for k, obs in zip(episode_keys, observations):
-            b = Beliefs.from_observation(obs)
-            a = self._choose(self._mem.setdefault(k, _ExpertMemory()), obs, b)
+            m = self._mem.setdefault(k, _ExpertMemory())
+            b = m.beliefs.update(obs)
+            a = self._choose(m, obs, b)
             out.append(Decision(a, b.mental_state(obs), raw=a.key))
         return out
 
