@@ -1,3 +1,4 @@
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -51,3 +52,19 @@ def test_render_mentions_cues_not_moods():
     w.step(Action("approach", npc=spec.npcs[0].id, utterance="Hi"))
     text = render(observe(spec, w.pub))
     assert spec.npcs[0].name in text and "mood" not in text.lower()
+
+
+@pytest.mark.slow
+def test_no_hidden_value_over_hundreds_of_seeds():
+    """300 seeds x 8 scenarios with the random policy (it wanders through the most states)."""
+    checked = 0
+    for spec in SPECS:
+        for seed in range(300):
+            w = World(spec, seed)
+            pol = make_policy("random", seed=seed)
+            pol.reset(["k"])
+            while not w.done:
+                assert leaks_in(w) == [], (spec.id, seed, w.t)
+                checked += 1
+                w.step(pol.act(["k"], [observe(spec, w.pub)])[0].action)
+    assert checked > 30_000

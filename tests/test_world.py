@@ -210,3 +210,29 @@ def test_conflict_must_be_repaired_in_order(specs):
         w.step(A(f"repair({second})", "Sorry, thank you."))
         assert w.pub.conflicts[0].resolved
         assert w.subgoals()["conflict:karim-rosa"] is True
+
+
+def test_approach_raises_engagement_then_is_wasted(world):
+    assert world.hid["ann"].engagement == 0.0
+    r = world.step(A("approach(ann)", "Hi Ann, how are you?"))
+    assert world.hid["ann"].engagement == pytest.approx(0.4) and not r.penalty_reasons
+    assert world.pub.cues["ann"] in ("low", "mid", "high")
+    world.step(A("approach(ann)", "Hi Ann!"))
+    r = world.step(A("approach(ann)", "Hi Ann, again!"))
+    assert r.penalty_reasons == ("wasted_approach",)
+
+
+def test_broken_promise_is_a_trust_violation(specs):
+    spec = specs["book_club-v1"]
+    w = World(spec, 2)
+    w.step(A("negotiate(leo, book, scifi, pick_date)", "Leo, could we go with Project Hail Mary if you pick the date?"))
+    c = w.pub.commitments[-1]
+    assert c.status == "pending" and c.target_slot == "date"
+    other = next(o for o in spec.slot("date").option_ids if o != c.target_option)
+    w.pub.slots["date"].proposal = other
+    w.pub.slots["date"].responses = {h: True for h in w.holders("date")}
+    mood = w.hid["leo"].mood
+    w.step(A(f"finalize(date, {other})", "Thanks everyone, let's lock it in."))
+    assert w.pub.commitments[-1].status == "broken"
+    assert w.hid["leo"].mood < mood - 0.3
+    assert w.subgoals()["commitments_honoured"] is False

@@ -12,11 +12,11 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from .policies import OraclePolicy, RandomPolicy
+from .policies import OraclePolicy, RandomPolicy, true_mental_state
 from .records import to_jsonl
 from .runner import EpisodeJob, run_episodes
 from .spec import ScenarioSpec, parse_spec
-from .core import Action, Decision, MentalState, mood_bucket
+from .core import Action, Decision
 from .visibility import observe, render, to_plain
 from .world import World
 
@@ -48,13 +48,7 @@ class _KnowItAllIdler:
         pass
 
     def act(self, episode_keys, observations, hidden):
-        return [
-            Decision(Action("end", utterance="Bye."), MentalState(
-                {n.id: {s.id: hv.preferred(n.id, s.id) for s in o.slots if n.id in s.stakeholders} for n in o.npcs if n.present},
-                {n.id: mood_bucket(hv.npcs[n.id].mood) for n in o.npcs if n.present},
-            ))
-            for o, hv in zip(observations, hidden)
-        ]
+        return [Decision(Action("end", utterance="Bye."), true_mental_state(o, hv)) for o, hv in zip(observations, hidden)]
 
 
 def hidden_tokens(world: World) -> set[str]:

@@ -93,8 +93,8 @@ def eval_cmd(
         for key, m in rows.items():
             t.add_row(key, str(m["n"]), *(f"{m[c]:.2f}" for c in cols))
         console.print(t)
-    if out is not None:
-        console.print(f"records: {out}/episodes.jsonl, {out}/episodes.parquet; summary: {out}/metrics.json")
+    d = cfg.out_dir()
+    console.print(f"records: {d}/episodes.jsonl, {d}/episodes.parquet; summary: {d}/metrics.json")
 
 
 @app.command()

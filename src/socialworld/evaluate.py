@@ -26,7 +26,13 @@ class EvalConfig:
     episodes: int = field(default=3, metadata={"help": "episodes per scenario"})
     seed: int = field(default=0, metadata={"help": "run seed; episode seeds are derived from it"})
     batch_size: int = field(default=64, metadata={"help": "episodes advanced in lockstep per batch"})
-    out: Path | None = field(default=None, metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json"})
+    out: Path | None = field(
+        default=None,
+        metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json [default: runs/eval-<policy>-s<seed>]"},
+    )
+
+    def out_dir(self) -> Path:
+        return Path(self.out) if self.out is not None else Path("runs") / f"eval-{self.policy}-s{self.seed}"
 
 
 def help_for(cfg_type: type, name: str) -> str:
@@ -62,9 +68,8 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
     policy = make_policy(cfg.policy, seed=cfg.seed)
     eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed)
     result = EvalResult(cfg.policy, eps)
-    if cfg.out is not None:
-        out = Path(cfg.out)
-        write_jsonl(out / "episodes.jsonl", eps)
-        write_parquet(out / "episodes.parquet", eps)
-        atomic_write_text(out / "metrics.json", dumps_canonical(result.summary()) + "\n")
+    out = cfg.out_dir()
+    write_jsonl(out / "episodes.jsonl", eps)
+    write_parquet(out / "episodes.parquet", eps)
+    atomic_write_text(out / "metrics.json", dumps_canonical(result.summary()) + "\n")
     return result

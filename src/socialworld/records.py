@@ -209,9 +209,6 @@ def read_jsonl(path: str | Path) -> list[EpisodeRecord]:
     return out
 
 
-PARQUET_COLUMNS = ("episode_id", "scenario_id", "tier", "seed", "policy_id", "steps", "passed", "U", "A_e", "S_npc", "D", "CR")
-
-
 def write_parquet(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
     """One row per episode: flat columns for filtering (ids, metric values) plus the full
     record as JSON in ``record`` (nested, scenario-dependent keys do not fit one Arrow schema)."""

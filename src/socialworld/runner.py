@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .core import Decision, Policy, PrivilegedPolicy
+from .dialogue import DIALOGUE_SOURCE
 from .metrics import align, episode_metrics
 from .records import (
     ActionRec,
@@ -110,7 +111,7 @@ def _step(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
     res = w.step(d.action, parse_error=d.parse_error)
     moods = {k: Signal(value=v, source="direct", confidence=1.0, detail="hidden state") for k, v in w.moods().items()}
     q = (
-        Signal(value=res.q, source="direct", confidence=0.8, detail="rule:dialogue-v1")
+        Signal(value=res.q, source="direct", confidence=0.8, detail=DIALOGUE_SOURCE)
         if res.q is not None
         else Signal(value=None, source="missing", confidence=0.0, detail=f"no assessable utterance ({res.parse_status})")
     )

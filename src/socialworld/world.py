@@ -165,10 +165,6 @@ class StepResult:
     done: bool
 
 
-class IllegalAction(ValueError):
-    pass
-
-
 class World:
     """One episode of one scenario. ``World(spec, seed)`` is fully determined by its inputs."""
 
@@ -238,7 +234,7 @@ class World:
 
     def _sample_hidden(self) -> None:
         spec = self.spec
-        for attempt in range(64):
+        for _ in range(64):  # resampling budget for require_negotiation
             self.hid = {n.id: self._sample_npc(n.id) for n in spec.npcs}
             # each slot keeps at least one option no stakeholder vetoes
             for slot in spec.slots:
@@ -829,7 +825,17 @@ def _negotiate(w: World, a: Action, q: float, replies: list[Line]) -> str | None
     return None
 
 
+def _soothe(w: World, npc: str, q: float, replies: list[Line]) -> None:
+    w.hid[npc].grievance = False
+    w._cheer(npc, REPAIR_GAIN)
+    _nudge(w, npc, q)
+    w._say(npc, "repair_ok", replies)
+    w._cue(npc)
+
+
 def _repair(w: World, a: Action, q: float, replies: list[Line]) -> str | None:
+    """In a quarrel: the aggrieved party first, then the other; repairing the other first hurts
+    the aggrieved party. Outside a quarrel: helps a grievance or a low mood, else is wasted."""
     npc = a.npc
     assert npc is not None
     h = w.hid[npc]
@@ -851,22 +857,13 @@ def _repair(w: World, a: Action, q: float, replies: list[Line]) -> str | None:
             w._cue(npc)
             return None
         else:
-            w._say(npc, "repair_wasted", replies)
-            w._cue(npc)
-            return "wasted_repair"
-        h.grievance = False
-        w._cheer(npc, REPAIR_GAIN)
-        _nudge(w, npc, q)
-        w._say(npc, "repair_ok", replies)
-        w._cue(npc)
+            break  # already repaired, waiting for the other party: wasted
+        _soothe(w, npc, q, replies)
         return None
-    if h.grievance or h.mood < REPAIR_NEEDED_BELOW:
-        h.grievance = False
-        w._cheer(npc, REPAIR_GAIN)
-        _nudge(w, npc, q)
-        w._say(npc, "repair_ok", replies)
-        w._cue(npc)
-        return None
+    else:
+        if h.grievance or h.mood < REPAIR_NEEDED_BELOW:
+            _soothe(w, npc, q, replies)
+            return None
     w._say(npc, "repair_wasted", replies)
     w._cue(npc)
     return "wasted_repair"
@@ -951,10 +948,10 @@ def _ev_weather(w: World, e: EventSpec) -> str:
     p = w.pub
     p.invalid_tags = p.invalid_tags | {e.tag}  # type: ignore[operator]
     for slot_id, s in p.slots.items():
-        tags = lambda o: w.spec.slot(slot_id).option(o).tags  # noqa: E731
-        if s.proposal is not None and e.tag in tags(s.proposal):
+        slot = w.spec.slot(slot_id)
+        if s.proposal is not None and e.tag in slot.option(s.proposal).tags:
             s.proposal, s.responses = None, {}
-        if s.status == "finalized" and e.tag in tags(s.choice):
+        if s.status == "finalized" and e.tag in slot.option(s.choice).tags:  # type: ignore[arg-type]
             if p.budget_left is not None:
                 p.budget_left += w.spec.slot(slot_id).option(s.choice).cost  # type: ignore[arg-type]
             s.status, s.choice, s.proposal, s.responses = "open", None, None, {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..core import Policy, PrivilegedPolicy
-from .scripted import Beliefs, ExpertPolicy, OraclePolicy, RandomPolicy, say
+from .scripted import Beliefs, ExpertPolicy, OraclePolicy, RandomPolicy, say, true_mental_state
 
 SCRIPTED = ("random", "expert", "oracle")
 
@@ -19,4 +19,4 @@ def make_policy(name: str, seed: int = 0) -> Policy | PrivilegedPolicy:
     raise ValueError(f"unknown policy {name!r}; scripted policies are {', '.join(SCRIPTED)}")
 
 
-__all__ = ["Beliefs", "ExpertPolicy", "OraclePolicy", "RandomPolicy", "SCRIPTED", "make_policy", "say"]
+__all__ = ["Beliefs", "ExpertPolicy", "OraclePolicy", "RandomPolicy", "SCRIPTED", "make_policy", "say", "true_mental_state"]

@@ -289,6 +289,15 @@ def _cheapest_open_cost(obs: Observation) -> float:
 # ------------------------------------------------------------------ oracle
 
 
+def true_mental_state(obs: Observation, hv: HiddenView) -> MentalState:
+    """What a perfect observer would state: every present NPC's preferred option per decision
+    it has a say on, and its mood bucket."""
+    return MentalState(
+        {n.id: {s.id: hv.preferred(n.id, s.id) for s in obs.slots if n.id in s.stakeholders} for n in obs.npcs if n.present},
+        {n.id: mood_bucket(hv.npcs[n.id].mood) for n in obs.npcs if n.present},
+    )
+
+
 class OraclePolicy:
     """Reads the hidden state (a :class:`~socialworld.core.PrivilegedPolicy`): picks, for each
     decision, the option that needs the fewest concessions, buys exactly the needed agreement,
@@ -306,15 +315,7 @@ class OraclePolicy:
         out = []
         for obs, hv in zip(observations, hidden):
             a = self._choose(obs, hv)
-            truth = MentalState(
-                {
-                    n.id: {s.id: hv.preferred(n.id, s.id) for s in obs.slots if n.id in s.stakeholders}
-                    for n in obs.npcs
-                    if n.present
-                },
-                {n.id: mood_bucket(hv.npcs[n.id].mood) for n in obs.npcs if n.present},
-            )
-            out.append(Decision(a, truth, raw=a.key))
+            out.append(Decision(a, true_mental_state(obs, hv), raw=a.key))
         return out
 
     def _q(self, obs: Observation, hv: HiddenView, a: Action) -> float:
