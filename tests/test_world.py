@@ -80,8 +80,7 @@ def test_inquire_truthful_reveals_preference_and_repeat_annoys(world):
     set_hidden(world, "ann", engagement=1.0)  # p_truth = 0.25+0.36+0.3 = 0.91; seed 1 gives truth
     r = world.step(A("inquire(ann, film)", "Ann, what film would you like? Thanks"))
     facts = [(f.kind, f.option) for f in world.pub.facts if f.npc == "ann"]
-    if ("prefers", "drama") not in facts:
-        pytest.skip("vague answer at this seed")
+    assert ("prefers", "drama") in facts  # the draw at this seed is below p_truth
     assert r.penalty == 0 and any(x.kind == "secret" for x in world.pub.facts)  # engaged Ann confides
     mood = world.hid["ann"].mood
     r2 = world.step(A("inquire(ann, film)", "Ann, what film again?"))
@@ -236,3 +235,30 @@ def test_broken_promise_is_a_trust_violation(specs):
     assert w.pub.commitments[-1].status == "broken"
     assert w.hid["leo"].mood < mood - 0.3
     assert w.subgoals()["commitments_honoured"] is False
+
+
+def test_snapshot_crosses_processes(specs, tmp_path):
+    """A snapshot written here, restored and stepped in another Python process, ends in the
+    same state as stepping here (what a GRPO reward function in a worker needs)."""
+    import subprocess
+    import sys
+
+    spec = specs["weather_picnic-v1"]
+    w = World(spec, 12)
+    pol = make_policy("expert")
+    pol.reset(["k"])
+    for _ in range(5):
+        w.step(pol.act(["k"], [observe(spec, w.pub)])[0].action)
+    (tmp_path / "snap.json").write_text(w.snapshot_json())
+    here = w.fork()
+    here.step(Action.parse("propose(food, potluck, all)", "Everyone, how about Potluck for the food? Thanks"))
+    code = (
+        "import sys; from socialworld.spec import load_builtin_scenarios; from socialworld.world import World;"
+        "from socialworld.core import Action;"
+        "spec = load_builtin_scenarios()['weather_picnic-v1'];"
+        "w = World.restore(open(sys.argv[1]).read(), spec);"
+        "w.step(Action.parse('propose(food, potluck, all)', 'Everyone, how about Potluck for the food? Thanks'));"
+        "print(w.snapshot_json())"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "snap.json")], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == here.snapshot_json()
