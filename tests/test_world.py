@@ -6,7 +6,7 @@ from socialworld.core import Action
 from socialworld.records import to_jsonl
 from socialworld.policies import make_policy
 from socialworld.runner import EpisodeJob, run_episodes
-from socialworld.testing import set_hidden, tiny_spec
+from socialworld.testing import drive, set_hidden, tiny_spec
 from socialworld.world import PENALTY_INVALID, PENALTY_WASTE, World
 from socialworld.visibility import legal_actions, observe
 
@@ -39,23 +39,15 @@ def test_different_seeds_sample_different_hidden_values(specs):
 
 def test_fork_never_changes_parent(specs):
     w = World(specs["community_market-v1"], 5)
-    pol = make_policy("random", seed=1)
-    pol.reset(["k"])
     before = w.snapshot_json()
-    f = w.fork()
-    while not f.done:
-        f.step(pol.act(["k"], [observe(f.spec, f.pub)])[0].action)
+    f = drive(w.fork(), make_policy("random", seed=1))
     assert w.snapshot_json() == before
     assert f.snapshot_json() != before
 
 
 def test_fork_and_snapshot_continue_identically(specs):
     spec = specs["hackathon-v1"]
-    w = World(spec, 9)
-    pol = make_policy("expert")
-    pol.reset(["a"])
-    for _ in range(4):
-        w.step(pol.act(["a"], [observe(spec, w.pub)])[0].action)
+    w = drive(World(spec, 9), make_policy("expert"), steps=4)
     f = w.fork()
     r = World.restore(json.loads(w.snapshot_json()), spec)
     assert r.snapshot_json() == w.snapshot_json()
@@ -244,11 +236,7 @@ def test_snapshot_crosses_processes(specs, tmp_path):
     import sys
 
     spec = specs["weather_picnic-v1"]
-    w = World(spec, 12)
-    pol = make_policy("expert")
-    pol.reset(["k"])
-    for _ in range(5):
-        w.step(pol.act(["k"], [observe(spec, w.pub)])[0].action)
+    w = drive(World(spec, 12), make_policy("expert"), steps=5)
     (tmp_path / "snap.json").write_text(w.snapshot_json())
     here = w.fork()
     here.step(Action.parse("propose(food, potluck, all)", "Everyone, how about Potluck for the food? Thanks"))
