@@ -61,13 +61,17 @@ def eval_cmd(
     episodes: int = typer.Option(3, help=H("episodes")),
     seed: int = typer.Option(0, help=H("seed")),
     batch_size: int = typer.Option(64, help=H("batch_size")),
+    lm_batch_size: int = typer.Option(16, help=H("lm_batch_size")),
+    decoding: str = typer.Option("auto", help=H("decoding")),
+    max_new_tokens: int = typer.Option(64, help=H("max_new_tokens")),
     out: Optional[Path] = typer.Option(None, help=H("out")),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document instead of tables"),
 ) -> None:
     """Evaluate a policy: metric table per tier and per scenario; records written to --out."""
     tiers = [t for x in (tiers or []) for t in x.split(",") if t] or None
     cfg = EvalConfig(policy=policy, tiers=tiers, scenarios=scenario, episodes=episodes, seed=seed,
-                     batch_size=batch_size, out=out)
+                     batch_size=batch_size, lm_batch_size=lm_batch_size, decoding=decoding,
+                     max_new_tokens=max_new_tokens, out=out)
     try:
         n = len(resolve_scenarios(cfg.scenarios, cfg.tiers)) * cfg.episodes
         if as_json:
@@ -77,7 +81,7 @@ def eval_cmd(
                           console=console) as bar:
                 task = bar.add_task(policy, total=n)
                 result = evaluate(cfg, on_episode=lambda _: bar.advance(task))
-    except (ScenarioError, ValueError) as err:
+    except (ScenarioError, ValueError, OSError) as err:
         _fail(str(err))
         return
     summary = result.summary()
@@ -118,3 +122,23 @@ def check(
         bad += not r.ok
     if bad:
         raise typer.Exit(1)
+
+
+@app.command("serve")
+def serve_cmd(
+    model: str = typer.Option("bundled", help="model spec to serve: bundled, a local path or hub id"),
+    host: str = typer.Option("127.0.0.1", help="address to bind"),
+    port: int = typer.Option(8000, help="port"),
+    max_new_tokens: int = typer.Option(64, help="default max_tokens of a request"),
+) -> None:
+    """Serve a policy model over an OpenAI-compatible API (/v1/models, /v1/chat/completions)."""
+    from .lm.server import serve
+
+    try:
+        serve(model, host, port, max_new_tokens)
+    except ValueError as err:
+        _fail(str(err))
+
+
+if __name__ == "__main__":
+    app()

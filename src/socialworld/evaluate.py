@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from .metrics import aggregate, group_by
-from .policies import make_policy
+from .policies import SCRIPTED, make_policy
 from .records import EpisodeRecord, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
 from .rng import derive_seed
 from .runner import EpisodeJob, run_episodes
@@ -18,7 +18,10 @@ from .spec import resolve_scenarios
 class EvalConfig:
     """Configuration of ``socialworld eval``; each field's help is the CLI's help."""
 
-    policy: str = field(default="expert", metadata={"help": "policy to evaluate: random, expert or oracle"})
+    policy: str = field(
+        default="expert",
+        metadata={"help": "policy: random, expert, oracle, bundled, a model path or hub id, or openai:<model>@<base_url>"},
+    )
     tiers: list[str] | None = field(default=None, metadata={"help": "tiers to evaluate (L0, L1, L2); default all"})
     scenarios: list[str] | None = field(
         default=None, metadata={"help": "scenario ids or YAML paths; default all shipped scenarios"}
@@ -26,6 +29,12 @@ class EvalConfig:
     episodes: int = field(default=3, metadata={"help": "episodes per scenario"})
     seed: int = field(default=0, metadata={"help": "run seed; episode seeds are derived from it"})
     batch_size: int = field(default=64, metadata={"help": "episodes advanced in lockstep per batch"})
+    lm_batch_size: int = field(default=16, metadata={"help": "language models: prompts per forward pass (or concurrent API calls)"})
+    decoding: str = field(
+        default="auto",
+        metadata={"help": "language models: free (parse BELIEF/ACTION/SAY), scored (rank legal actions), auto (scored for local models)"},
+    )
+    max_new_tokens: int = field(default=64, metadata={"help": "language models: tokens generated per free-form reply"})
     out: Path | None = field(
         default=None,
         metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json [default: runs/eval-<policy>-s<seed>]"},
@@ -65,7 +74,9 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
     if cfg.episodes < 1:
         raise ValueError("episodes must be at least 1")
     jobs = [EpisodeJob(s, seed) for s in specs for seed in episode_seeds(cfg.seed, s.id, cfg.episodes)]
-    policy = make_policy(cfg.policy, seed=cfg.seed)
+    lm = {} if cfg.policy in SCRIPTED else {"batch_size": cfg.lm_batch_size, "decoding": cfg.decoding,
+                                            "max_new_tokens": cfg.max_new_tokens}
+    policy = make_policy(cfg.policy, seed=cfg.seed, **lm)
     eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed)
     result = EvalResult(cfg.policy, eps)
     out = cfg.out_dir()

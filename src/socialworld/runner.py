@@ -76,7 +76,7 @@ def run_episodes(
     job order."""
     from .diagnostics import diagnose
 
-    info = policy_info or PolicyRec(policy_id=policy.policy_id)
+    info = policy_info or (policy.info() if hasattr(policy, "info") else PolicyRec(policy_id=policy.policy_id))
     out: list[EpisodeRecord] = []
     for start in range(0, len(jobs), batch_size):
         batch = list(jobs[start : start + batch_size])

@@ -98,3 +98,22 @@ Decisions:
 {facts}{commitments}{conflicts}{announcements}{recent}Offers: {offers}
 Actions: approach(npc) inquire(npc, slot) propose(slot, option, npc|all) negotiate(npc, slot, option, offer) \
 repair(npc) wait() finalize(slot, option) end()"""
+
+# ---------------------------------------------------------------- language-model policy prompts
+
+POLICY_PROMPT_VERSION = "policy-v1"
+
+POLICY_SYSTEM: dict[str, str] = {
+    "policy-v1": (
+        "You organise a group decision. Learn what each person wants, propose options they accept, "
+        "negotiate with those who refuse, and finalize only when everyone on a decision has accepted.\n"
+        "Answer with exactly three lines:\n"
+        "BELIEF: <npc> <decision>=<option> mood=<low|mid|high>; <npc> ...\n"
+        "ACTION: <one action, e.g. inquire(ann, venue) or propose(venue, park, all)>\n"
+        "SAY: <one short polite sentence naming the person and the option>"
+    ),
+}
+
+POLICY_USER: dict[str, str] = {
+    "policy-v1": "{obs}",
+}

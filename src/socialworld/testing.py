@@ -112,3 +112,42 @@ def drive(world: World, policy, steps: int | None = None, key: str = "k") -> Wor
         world.step(d.action, parse_error=d.parse_error)
         n += 1
     return world
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_lm(folder, seed: int = 0, vocab_size: int = 600):
+    """Build and save a tiny random causal LM with an in-process byte-level BPE tokenizer
+    (trained on the project's own scenario and template text, ChatML chat template) into
+    ``folder``; returns the folder. Never downloads anything. Sets torch's seed for init."""
+    from pathlib import Path
+
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from . import templates
+    from .spec import load_builtin_scenarios
+
+    folder = Path(folder)
+    corpus = [t for t in vars(templates).values() if isinstance(t, str)]
+    corpus += [str(v) for d in (templates.NPC_REPLIES, templates.AGENT_UTTERANCES, templates.POLICY_SYSTEM) for v in d.values()]
+    corpus += [s.model_dump_json() for s in load_builtin_scenarios().values()]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=vocab_size, min_frequency=1,
+                            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+    tok.chat_template = CHATML
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -8,15 +8,18 @@ from .scripted import Beliefs, ExpertPolicy, OraclePolicy, RandomPolicy, say, tr
 SCRIPTED = ("random", "expert", "oracle")
 
 
-def make_policy(name: str, seed: int = 0) -> Policy | PrivilegedPolicy:
-    """Build a policy from its spec string (``random``, ``expert``, ``oracle``)."""
+def make_policy(name: str, seed: int = 0, **lm_options) -> Policy | PrivilegedPolicy:
+    """Build a policy from its spec string: ``random``, ``expert``, ``oracle``, or a model spec
+    (``bundled``, a local path or hub id, ``openai:<model>@<base_url>``; see :mod:`socialworld.lm`)."""
     if name == "random":
         return RandomPolicy(seed)
     if name == "expert":
         return ExpertPolicy()
     if name == "oracle":
         return OraclePolicy()
-    raise ValueError(f"unknown policy {name!r}; scripted policies are {', '.join(SCRIPTED)}")
+    from ..lm import make_lm_policy  # imported lazily: scripted use never needs torch
+
+    return make_lm_policy(name, **lm_options)
 
 
 __all__ = ["Beliefs", "ExpertPolicy", "OraclePolicy", "RandomPolicy", "SCRIPTED", "make_policy", "say", "true_mental_state"]

@@ -1,0 +1,165 @@
+"""Text-generation backends: a local Hugging Face model (batched, left-padded, greedy) and any
+OpenAI-compatible HTTP server (concurrent, bounded, with timeouts). Both turn chat
+conversations into :class:`Completion` records; a failed request is a completion with an
+``error`` (counted by the policy as an unparseable step), never an exception that ends a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    tokens_in: int = 0
+    tokens_out: int = 0
+    latency_s: float = 0.0
+    error: str | None = None
+
+
+class Backend(Protocol):
+    name: str
+    decoding: dict[str, Any]
+
+    def complete(self, conversations: Sequence[Messages]) -> list[Completion]: ...
+
+
+@dataclass
+class HFBackend:
+    """A transformers causal LM: batched greedy generation (left padding, KV cache) and
+    candidate scoring that reuses each prompt's KV cache across its candidates."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    max_new_tokens: int = 64
+    batch_size: int = 16
+    decoding: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.decoding = {"strategy": "greedy", "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
+                         "dtype": str(self.model.dtype).replace("torch.", "")}
+
+    def prompts(self, conversations: Sequence[Messages], prefix: str = "") -> list[str]:
+        """Chat-templated prompt texts, each ending in the assistant turn (plus ``prefix``)."""
+        return [self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) + prefix
+                for c in conversations]
+
+    def complete(self, conversations: Sequence[Messages]) -> list[Completion]:
+        return self.generate(self.prompts(conversations), self.max_new_tokens)
+
+    def generate(self, texts: Sequence[str], max_new_tokens: int, stop_at_newline: bool = False) -> list[Completion]:
+        import torch
+
+        tok = self.tokenizer
+        out: list[Completion] = []
+        for start in range(0, len(texts), self.batch_size):
+            chunk = list(texts[start : start + self.batch_size])
+            enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                gen = self.model.generate(
+                    **enc, max_new_tokens=max_new_tokens, do_sample=False,
+                    pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                )
+            dt = (time.perf_counter() - t0) / len(chunk)
+            new = gen[:, enc["input_ids"].shape[1] :]
+            for row, mask in zip(new, enc["attention_mask"]):
+                ids = row.tolist()
+                n_out = next((i + 1 for i, t in enumerate(ids) if t == tok.eos_token_id), len(ids))
+                text = tok.decode(ids[:n_out], skip_special_tokens=True)
+                if stop_at_newline:
+                    text = text.split("\n", 1)[0]
+                out.append(Completion(text, int(mask.sum()), n_out, dt))
+        return out
+
+    def score(self, texts: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[list[float]]:
+        """Mean log-probability per token of each candidate continuation of each text. Each
+        text is prefilled once (batched); its cache is then repeated over its candidates."""
+        import torch
+        from transformers import DynamicCache
+
+        tok = self.tokenizer
+        scores: list[list[float]] = []
+        for start in range(0, len(texts), self.batch_size):
+            chunk = list(texts[start : start + self.batch_size])
+            enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+            mask = enc["attention_mask"]
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            with torch.inference_mode():
+                pre = self.model(input_ids=enc["input_ids"], attention_mask=mask, position_ids=pos, use_cache=True)
+                for b in range(len(chunk)):
+                    cands = [tok(c, add_special_tokens=False)["input_ids"] for c in candidates[start + b]]
+                    k, length = len(cands), max(len(c) for c in cands)
+                    ids = torch.full((k, length), tok.pad_token_id, dtype=torch.long)
+                    cmask = torch.zeros((k, length), dtype=torch.long)
+                    for i, c in enumerate(cands):
+                        ids[i, : len(c)] = torch.tensor(c)
+                        cmask[i, : len(c)] = 1
+                    cache = DynamicCache(ddp_cache_data=[
+                        (layer.keys[b : b + 1].expand(k, -1, -1, -1), layer.values[b : b + 1].expand(k, -1, -1, -1))
+                        for layer in pre.past_key_values.layers
+                    ])
+                    cpos = (pos[b, -1] + 1 + torch.arange(length)).expand(k, length)
+                    o = self.model(input_ids=ids, attention_mask=torch.cat([mask[b].expand(k, -1), cmask], 1),
+                                   position_ids=cpos, past_key_values=cache)
+                    logits = torch.cat([pre.logits[b, -1].expand(k, 1, -1), o.logits[:, :-1]], 1).float()
+                    logp = torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+                    scores.append(((logp * cmask).sum(1) / cmask.sum(1)).tolist())
+        return scores
+
+
+@dataclass
+class OpenAIBackend:
+    """An OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, llama.cpp, Ollama, hosted)."""
+
+    model: str
+    base_url: str
+    max_new_tokens: int = 64
+    concurrency: int = 8
+    timeout_s: float = 60.0
+    api_key: str | None = None
+    decoding: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.api_key = self.api_key or os.environ.get("SOCIALWORLD_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        self.decoding = {"strategy": "greedy", "temperature": 0, "max_tokens": self.max_new_tokens,
+                         "concurrency": self.concurrency, "timeout_s": self.timeout_s}
+
+    @property
+    def name(self) -> str:
+        return f"openai:{self.model}@{self.base_url}"
+
+    def _one(self, messages: Messages) -> Completion:
+        body = json.dumps({"model": self.model, "messages": messages, "temperature": 0,
+                           "max_tokens": self.max_new_tokens}).encode()
+        req = urllib.request.Request(f"{self.base_url}/chat/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
+        t0 = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                data = json.loads(resp.read())
+            text = data["choices"][0]["message"]["content"] or ""
+            usage = data.get("usage") or {}
+            return Completion(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
+                              time.perf_counter() - t0)
+        except urllib.error.HTTPError as err:
+            return Completion("", latency_s=time.perf_counter() - t0, error=f"HTTP {err.code} from {self.base_url}")
+        except (urllib.error.URLError, TimeoutError, OSError) as err:
+            return Completion("", latency_s=time.perf_counter() - t0, error=f"cannot reach {self.base_url}: {err}")
+        except (ValueError, KeyError, IndexError, TypeError) as err:
+            return Completion("", latency_s=time.perf_counter() - t0, error=f"malformed response from {self.base_url}: {err!r}")
+
+    def complete(self, conversations: Sequence[Messages]) -> list[Completion]:
+        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
+            return list(pool.map(self._one, conversations))

@@ -1,0 +1,102 @@
+"""Prompt building for language-model policies (templates live in ``socialworld.templates``)
+and the strict parser of their output."""
+
+from __future__ import annotations
+
+import re
+
+from ..core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation
+from ..templates import POLICY_SYSTEM, POLICY_USER
+
+
+def compact(obs: Observation) -> str:
+    """A short rendering of the observation for small models (ids, not labels)."""
+    lines = [f"Turn {obs.step + 1}/{obs.turn_budget}. {obs.goal}"]
+    if obs.budget is not None:
+        lines.append(f"Budget left: {obs.budget_left:g}")
+    lines.append("People: " + ", ".join(
+        n.id + (f" ({n.cue.split(' ', 1)[1]})" if n.cue else "") for n in obs.npcs if n.present))
+    for s in obs.slots:
+        if s.status != "open":
+            lines.append(f"{s.id}: {s.status}" + (f" {s.choice}" if s.choice else ""))
+            continue
+        opts = "|".join(o.id for o in s.options if o.available)
+        line = f"{s.id}: open, options {opts}"
+        if s.proposal:
+            line += f"; proposed {s.proposal}, yes: {' '.join(s.accepted_by) or '-'}, no: {' '.join(s.rejected_by) or '-'}"
+        lines.append(line)
+    known = [f"{f.npc} {f.kind} {f.option}" for f in obs.facts if f.kind in ("prefers", "vetoes", "dislikes")]
+    if known:
+        lines.append("Known: " + "; ".join(known[-8:]))
+    open_conflicts = [c for c in obs.conflicts if not c.resolved]
+    if open_conflicts:
+        lines.append("Quarrel: " + "; ".join(" vs ".join(c.npcs) for c in open_conflicts))
+    if obs.announcements:
+        lines.append("News: " + obs.announcements[-1])
+    if obs.recent:
+        last = obs.recent[-1]
+        lines.append(f"Last: {last.speaker}: {last.text}")
+    if obs.offers:
+        lines.append("Offers: " + ", ".join(o.id for o in obs.offers))
+    return "\n".join(lines)
+
+
+def build_messages(obs: Observation, version: str = "policy-v1") -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": POLICY_SYSTEM[version]},
+        {"role": "user", "content": POLICY_USER[version].format(obs=compact(obs))},
+    ]
+
+
+_LINE = re.compile(r"^\s*(BELIEF|ACTION|SAY)\s*:\s*(.*?)\s*$", re.I)
+_BELIEF_ITEM = re.compile(r"^([a-z0-9_]+)\s*=\s*([a-z0-9_]+)$")
+
+
+def parse_belief(text: str, obs: Observation) -> MentalState:
+    """``<npc> <slot>=<option> ... mood=<bucket>; ...`` with known ids only; raises ValueError."""
+    npcs = {n.id for n in obs.npcs}
+    slots = {s.id: {o.id for o in s.options} for s in obs.slots}
+    prefs: dict[str, dict[str, str]] = {}
+    moods: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        npc, *items = part.split()
+        if npc not in npcs or not items:
+            raise ValueError(f"belief about unknown npc {npc!r}")
+        for item in items:
+            m = _BELIEF_ITEM.match(item.strip(","))
+            if not m:
+                raise ValueError(f"belief item {item!r} is not key=value")
+            key, val = m.groups()
+            if key == "mood":
+                if val not in MOOD_BUCKETS:
+                    raise ValueError(f"mood must be low|mid|high, got {val!r}")
+                moods[npc] = val
+            elif key in slots and val in slots[key]:
+                prefs.setdefault(npc, {})[key] = val
+            else:
+                raise ValueError(f"unknown decision/option {key}={val}")
+    return MentalState(prefs, moods)  # type: ignore[arg-type]
+
+
+def parse_output(text: str, obs: Observation) -> tuple[Action | None, MentalState | None, str | None]:
+    """Strictly parse a model's reply. The ACTION line is required and must be one canonical
+    action; SAY gives the utterance (empty if absent); BELIEF, if malformed, is dropped (the
+    step then has no stated mental state). Returns (action, mental_state, error)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m and m.group(1).upper() not in fields:
+            fields[m.group(1).upper()] = m.group(2)
+    if "ACTION" not in fields:
+        return None, None, "no ACTION line"
+    try:
+        action = Action.parse(fields["ACTION"], fields.get("SAY", ""))
+    except ActionParseError as err:
+        return None, None, str(err)
+    belief = None
+    if "BELIEF" in fields:
+        try:
+            belief = parse_belief(fields["BELIEF"], obs)
+        except ValueError:
+            belief = None
+    return action, belief, None

@@ -1,0 +1,235 @@
+"""Language-model policies on a tiny random model built in-process (never a download)."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from socialworld.core import Action  # noqa: E402
+from socialworld.lm.backends import HFBackend, OpenAIBackend  # noqa: E402
+from socialworld.lm.models import load_hf, parse_model_spec  # noqa: E402
+from socialworld.lm.policy import LMPolicy, candidate_actions  # noqa: E402
+from socialworld.lm.prompts import build_messages, parse_output  # noqa: E402
+from socialworld.policies import make_policy  # noqa: E402
+from socialworld.runner import EpisodeJob, run_episodes  # noqa: E402
+from socialworld.testing import drive, tiny_lm, tiny_spec  # noqa: E402
+from socialworld.visibility import observe  # noqa: E402
+from socialworld.world import World  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tiny_lm(tmp_path_factory.mktemp("tiny-lm"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    model, tok = load_hf(tiny_dir, dtype="float32")
+    return model, tok
+
+
+def _obs(specs, sid="team_lunch-v1", seed=1, steps=0):
+    spec = specs[sid]
+    w = drive(World(spec, seed), make_policy("expert"), steps=steps)
+    return observe(spec, w.pub)
+
+
+def test_model_specs():
+    assert parse_model_spec("bundled").kind == "bundled"
+    assert parse_model_spec("expert").kind == "scripted"
+    m = parse_model_spec("openai:qwen@http://127.0.0.1:9/v1")
+    assert (m.kind, m.name, m.base_url) == ("openai", "qwen", "http://127.0.0.1:9/v1")
+    assert parse_model_spec("some/model").kind == "hf"
+    with pytest.raises(ValueError, match="unknown policy"):
+        parse_model_spec("nonsense")
+    with pytest.raises(ValueError, match="openai:<model>@"):
+        parse_model_spec("openai:nourl")
+
+
+def test_parse_output_is_strict(specs):
+    obs = _obs(specs)
+    a, b, err = parse_output("BELIEF: alice restaurant=thai mood=high; ben time=t1200\nACTION: inquire(ben, time)\n"
+                             "SAY: Ben, which lunch time suits you?", obs)
+    assert err is None and a == Action("inquire", npc="ben", slot="time", utterance="Ben, which lunch time suits you?")
+    assert b.preferences == {"alice": {"restaurant": "thai"}, "ben": {"time": "t1200"}} and b.moods == {"alice": "high"}
+    # a malformed belief is dropped, not repaired; the action still stands
+    a, b, err = parse_output("BELIEF: alice likes thai\nACTION: wait()\nSAY: hold on", obs)
+    assert a.kind == "wait" and b is None and err is None
+    for bad in ("ACTION: inquire(alice)", "I would ask Alice", "ACTION: dance(alice)", "ACTION: inquire(alice, restaurant) now"):
+        a, b, err = parse_output(bad, obs)
+        assert a is None and err
+
+
+def test_prompts_are_short(specs, tiny):
+    _, tok = tiny
+    for sid in specs:
+        msgs = build_messages(_obs(specs, sid))
+        assert len(tok.apply_chat_template(msgs, tokenize=True)) < 1500
+
+
+def test_candidates_are_legal(specs):
+    for sid, spec in specs.items():
+        w = World(spec, 2)
+        pol = make_policy("random", seed=1)
+        pol.reset(["k"])
+        while not w.done:
+            obs = observe(spec, w.pub)
+            cands = candidate_actions(obs)
+            assert 2 <= len(cands) <= 24 and cands[-1].kind == "end"
+            assert all(w.check_legal(a) is None for a in cands), sid
+            w.step(pol.act(["k"], [obs])[0].action)
+
+
+def test_batched_and_unbatched_greedy_agree(specs, tiny):
+    model, tok = tiny
+    convs = [build_messages(_obs(specs, sid, steps=k)) for k, sid in enumerate(specs)]
+    batched = HFBackend(model, tok, name="tiny", max_new_tokens=12, batch_size=8).complete(convs)
+    single = HFBackend(model, tok, name="tiny", max_new_tokens=12, batch_size=1).complete(convs)
+    assert [c.text for c in batched] == [c.text for c in single]
+    heads = HFBackend(model, tok, name="tiny").prompts(convs, prefix="ACTION:")
+    cands = [[" " + a.key for a in candidate_actions(_obs(specs, sid, steps=k))] for k, sid in enumerate(specs)]
+    sb = HFBackend(model, tok, name="tiny", batch_size=8).score(heads, cands)
+    su = HFBackend(model, tok, name="tiny", batch_size=1).score(heads, cands)
+    argmax = lambda rows: [max(range(len(r)), key=r.__getitem__) for r in rows]  # noqa: E731
+    assert argmax(sb) == argmax(su)
+    assert all(abs(x - y) < 1e-3 for rb, ru in zip(sb, su) for x, y in zip(rb, ru))
+
+
+def test_scores_match_full_forward(specs, tiny):
+    """KV-cache candidate scoring equals scoring the concatenated text in one forward."""
+    import torch
+
+    model, tok = tiny
+    backend = HFBackend(model, tok, name="tiny")
+    head = backend.prompts([build_messages(_obs(specs))], prefix="ACTION:")[0]
+    cand = " inquire(alice, restaurant)"
+    got = backend.score([head], [[cand, " wait()"]])[0][0]
+    h = tok(head, add_special_tokens=False)["input_ids"]
+    c = tok(cand, add_special_tokens=False)["input_ids"]
+    with torch.inference_mode():
+        logits = model(torch.tensor([h + c])).logits[0].float()
+    lp = torch.log_softmax(logits[len(h) - 1 : -1], -1)
+    want = lp[range(len(c)), c].mean().item()
+    assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_free_mode_counts_unparseable_output(specs, tiny):
+    model, tok = tiny
+    pol = LMPolicy(HFBackend(model, tok, name="tiny", max_new_tokens=16), decoding="free")
+    ep = run_episodes(pol, [EpisodeJob(tiny_spec(), 0)])[0]
+    statuses = {s.action.parse_status for s in ep.steps}
+    assert "unparseable" in statuses  # a random model cannot follow the format
+    for s in ep.steps:
+        if s.action.parse_status == "unparseable":
+            assert s.action.executed == "wait()" and s.signals.penalty.value == pytest.approx(0.2)
+            assert s.action.raw is not None and s.action.error
+        assert s.policy.tokens_in > 0 and s.policy.decoding["mode"] == "free"
+    assert ep.metrics.U.source == "degraded"
+
+
+def test_scored_mode_is_parseable_by_construction(specs, tiny):
+    model, tok = tiny
+    pol = LMPolicy(HFBackend(model, tok, name="tiny", batch_size=4), decoding="scored", say_tokens=6)
+    eps = run_episodes(pol, [EpisodeJob(specs["team_lunch-v1"], s) for s in range(3)], batch_size=3)
+    for ep in eps:
+        assert all(s.action.parse_status == "ok" for s in ep.steps)
+        assert ep.steps[0].policy.decoding["mode"] == "scored"
+
+
+# ------------------------------------------------------------------ the server path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "socialworld.cli", "serve", "--model", str(tiny_dir), "--port", str(port),
+                             "--max-new-tokens", "12"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/models", timeout=2) as r:
+                if json.loads(r.read())["data"]:
+                    break
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(proc.stdout.read()) from None
+            time.sleep(0.3)
+    else:
+        proc.kill()
+        raise RuntimeError("server did not start")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_openai_backend_against_real_server(specs, server, tiny):
+    model, tok = tiny
+    convs = [build_messages(_obs(specs))]
+    remote = OpenAIBackend("tiny", server, max_new_tokens=12).complete(convs)[0]
+    local = HFBackend(model, tok, name="tiny", max_new_tokens=12).complete(convs)[0]
+    assert remote.error is None and remote.text == local.text
+    assert remote.tokens_in == local.tokens_in and remote.tokens_out == local.tokens_out
+
+
+def test_eval_through_server(server):
+    pol = make_policy(f"openai:tiny@{server}", max_new_tokens=12, batch_size=4)
+    ep = run_episodes(pol, [EpisodeJob(tiny_spec(), 0)])[0]
+    assert ep.policy_id.startswith("openai:tiny@") and ep.steps
+    assert all(s.policy.tokens_in > 0 for s in ep.steps)
+
+
+def test_dead_server_gives_counted_errors_fast():
+    port = _free_port()  # nothing listens here
+    t0 = time.time()
+    pol = make_policy(f"openai:x@http://127.0.0.1:{port}/v1", max_new_tokens=8)
+    ep = run_episodes(pol, [EpisodeJob(tiny_spec(), 0)])[0]
+    assert time.time() - t0 < 30
+    assert all(s.action.parse_status == "unparseable" and "cannot reach" in s.action.error for s in ep.steps)
+    assert ep.final.end_reason == "turn_budget"
+
+
+@pytest.mark.parametrize("mode", ["500", "garbage", "slow"])
+def test_misbehaving_server(mode):
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if mode == "slow":
+                time.sleep(3)
+            code, body = (500, b"oops") if mode == "500" else (200, b'{"choices": []}')
+            try:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except BrokenPipeError:  # the client already gave up (the "slow" case)
+                pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        b = OpenAIBackend("x", f"http://127.0.0.1:{srv.server_address[1]}/v1", timeout_s=1.0)
+        c = b.complete([[{"role": "user", "content": "hi"}]])[0]
+        want = {"500": "HTTP 500", "garbage": "malformed response", "slow": "cannot reach"}[mode]
+        assert c.text == "" and want in c.error
+    finally:
+        srv.shutdown()
+        srv.server_close()
