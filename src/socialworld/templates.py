@@ -105,12 +105,12 @@ POLICY_PROMPT_VERSION = "policy-v1"
 
 POLICY_SYSTEM: dict[str, str] = {
     "policy-v1": (
-        "You organise a group decision. Learn what each person wants, propose options they accept, "
-        "negotiate with those who refuse, and finalize only when everyone on a decision has accepted.\n"
-        "Answer with exactly three lines:\n"
-        "BELIEF: <npc> <decision>=<option> mood=<low|mid|high>; <npc> ...\n"
-        "ACTION: <one action, e.g. inquire(ann, venue) or propose(venue, park, all)>\n"
-        "SAY: <one short polite sentence naming the person and the option>"
+        "You organise a group decision: ask people what they want, propose options they accept, "
+        "negotiate with those who refuse, finalize once all agree.\n"
+        "Reply in three lines, for example:\n"
+        "BELIEF: ann venue=park mood=high; bob venue=cafe mood=mid\n"
+        "ACTION: propose(venue, park, all)\n"
+        "SAY: Ann and Bob, how about the park? Would that work for you?"
     ),
 }
 

@@ -12,6 +12,7 @@ Decoding modes:
 
 from __future__ import annotations
 
+import time
 from typing import Literal, Sequence
 
 from ..core import Action, Decision, Observation
@@ -87,6 +88,7 @@ class LMPolicy:
         return out
 
     def _act_scored(self, observations: Sequence[Observation]) -> list[Decision]:
+        t0 = time.perf_counter()
         backend = self.backend
         convs = [build_messages(o, self.prompt_version) for o in observations]
         heads = backend.prompts(convs, prefix="ACTION:")  # type: ignore[attr-defined]
@@ -95,9 +97,10 @@ class LMPolicy:
         chosen = [cs[max(range(len(cs)), key=sc.__getitem__)] for cs, sc in zip(cands, scores)]
         says = backend.generate([h + " " + a.key + "\nSAY:" for h, a in zip(heads, chosen)], self.say_tokens,  # type: ignore[attr-defined]
                                 stop_at_newline=True)
+        per_decision = (time.perf_counter() - t0) / max(1, len(observations))  # scoring + SAY, shared by the batch
         out = []
-        for a, say, cs in zip(chosen, says, cands):
+        for a, say in zip(chosen, says):
             text = say.text.strip()
             out.append(Decision(a.with_utterance(text), None, raw=f"ACTION: {a.key}\nSAY: {text}",
-                                tokens_in=say.tokens_in, tokens_out=say.tokens_out + len(cs), latency_s=say.latency_s))
+                                tokens_in=say.tokens_in, tokens_out=say.tokens_out, latency_s=per_decision))
         return out
