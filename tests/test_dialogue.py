@@ -33,3 +33,11 @@ def test_leak_zeroes_q_except_to_the_owner():
 def test_length_feature():
     assert q("Bob").features["length"] == 0.25
     assert q(" ".join(["Bob"] * 80)).features["length"] == 0.0
+
+
+def test_quoting_the_targets_own_preference_is_grounding_not_mismatch():
+    facts = [Fact("bob", "prefers", "film", "comedy", 0)]
+    s = q("Bob, I know you mentioned Comedy; how about Drama for the film? Would that work, please?", facts=facts)
+    assert s.features["consistency"] == 1.0 and s.features["grounding"] == 1.0 and s.q == 1.0
+    # naming an option nobody stated is still a mismatch
+    assert q("Bob, Horror or Drama for the film?", facts=facts).features["consistency"] == 0.0

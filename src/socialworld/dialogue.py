@@ -5,7 +5,8 @@
     q = sum_i w_i f_i / sum_i w_i      over applicable features i
     address      w=0.25  utterance names the addressed NPC ("everyone"/"all"/"team" for all)
     consistency  w=0.30  utterance names the action's option (propose/negotiate/finalize) or
-                         slot (inquire) and no other option of that slot
+                         slot (inquire) and no other option of that slot -- except options the
+                         target NPC itself stated (naming those is grounding, not a mismatch)
     grounding    w=0.15  utterance mentions an option the target NPC stated (only when it did)
     tone         w=0.20  clip(0.5 + 0.25*min(polite, 2) - 0.5*min(pressure, 2), 0, 1)
     length       w=0.10  1 for 4..40 words; n/4 below; max(0, 1 - (n-40)/40) above
@@ -97,17 +98,24 @@ def assess(spec: ScenarioSpec, action: Action, facts: Iterable[Fact], confided: 
     elif action.npc in lex.names:
         f["address"] = 1.0 if lex.names[action.npc] in text else 0.0
 
+    facts = list(facts)
+    stated = (
+        [x for x in facts if x.npc == action.npc and x.option and x.kind in ("prefers", "dislikes", "vetoes")]
+        if action.npc is not None and action.npc != "all"
+        else []
+    )
+
     # strategy-expression consistency
     if action.kind in ("propose", "negotiate", "finalize") and (action.slot, action.option) in lex.option_names:
         own = any(n in text for n in lex.option_names[(action.slot, action.option)])
-        other = any(n in text for n in lex.rivals[(action.slot, action.option)])
+        quoted = {n for x in stated if x.slot == action.slot for n in lex.option_names.get((x.slot, x.option), ())}  # type: ignore[arg-type]
+        other = any(n in text for n in lex.rivals[(action.slot, action.option)] if n not in quoted)
         f["consistency"] = 1.0 if own and not other else 0.0
     elif action.kind == "inquire" and action.slot in lex.slot_names:
         f["consistency"] = 1.0 if any(n in text for n in lex.slot_names[action.slot]) else 0.0
 
     # grounding in what the target said
     if action.npc is not None and action.npc != "all":
-        stated = [x for x in facts if x.npc == action.npc and x.option and x.kind in ("prefers", "dislikes", "vetoes")]
         if stated:
             f["grounding"] = (
                 1.0 if any(n in text for x in stated for n in lex.option_names.get((x.slot, x.option), ())) else 0.0  # type: ignore[arg-type]

@@ -238,7 +238,9 @@ class ExpertPolicy:
             if h in s.accepted_by:
                 continue
             if h not in s.rejected_by:
-                return say(obs, Action("propose", slot=s.id, option=option, npc=h))
+                fav = b.prefers.get(h, {}).get(s.id)
+                ground = _option_label(obs, s.id, fav) if fav and fav != option else None
+                return say(obs, Action("propose", slot=s.id, option=option, npc=h), grounded=ground)
             offer = self._offer_for(m, obs, b, h, s.id, option)
             if offer is not None:
                 m.offered.add((h, s.id, option, offer))
