@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .policies import OraclePolicy, RandomPolicy, true_mental_state
 from .records import to_jsonl
-from .runner import EpisodeJob, run_episodes
+from .runner import EpisodeJob, decide, run_episodes
 from .spec import ScenarioSpec, parse_spec
 from .core import Action, Decision
 from .visibility import observe, render, to_plain
@@ -134,12 +134,7 @@ def check_scenario(
                 if found:
                     report.problems.append(f"seed {job.seed} step {w.t}: hidden value(s) visible: {found[:3]}")
                     break
-                obs = observe(spec, w.pub)
-                if getattr(policy, "privileged", False):
-                    d = policy.act([job.key], [obs], [w.hidden_view()])[0]  # type: ignore[call-arg]
-                else:
-                    d = policy.act([job.key], [obs])[0]  # type: ignore[call-arg]
-                w.step(d.action)
+                w.step(decide(policy, [job.key], [w], [observe(spec, w.pub)])[0].action)
     if raise_on_fail and not report.ok:
         raise ScenarioCheckError(f"{spec.id}: " + "; ".join(report.problems))
     return report

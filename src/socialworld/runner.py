@@ -57,7 +57,8 @@ def is_privileged(policy: object) -> bool:
     return getattr(policy, "privileged", False) is True
 
 
-def _decide(policy: Policy | PrivilegedPolicy, keys: list[str], worlds: list[World], obs: list) -> list[Decision]:
+def decide(policy: Policy | PrivilegedPolicy, keys: list[str], worlds: list[World], obs: list) -> list[Decision]:
+    """One batched policy call; only a privileged policy is handed the worlds' hidden views."""
     if is_privileged(policy):
         return policy.act(keys, obs, [w.hidden_view() for w in worlds])  # type: ignore[call-arg]
     return policy.act(keys, obs)  # type: ignore[call-arg]
@@ -90,7 +91,7 @@ def run_episodes(
             if not active:
                 break
             obs = [observe(worlds[i].spec, worlds[i].pub) for i in active]
-            decisions = _decide(policy, [keys[i] for i in active], [worlds[i] for i in active], obs)
+            decisions = decide(policy, [keys[i] for i in active], [worlds[i] for i in active], obs)
             for i, o, d in zip(active, obs, decisions):
                 steps[i].append(_step(worlds[i], o, d, info))
         for j, w, st, p0 in zip(batch, worlds, steps, phi0):

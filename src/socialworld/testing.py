@@ -99,16 +99,13 @@ class FixedPolicy:
 def drive(world: World, policy, steps: int | None = None, key: str = "k") -> World:
     """Advance ``world`` with ``policy`` for ``steps`` steps (or to the end); returns the world.
     Hands hidden views only to privileged policies, like the runner."""
+    from .runner import decide
     from .visibility import observe
 
     policy.reset([key])
     n = 0
     while not world.done and (steps is None or n < steps):
-        obs = observe(world.spec, world.pub)
-        if getattr(policy, "privileged", False) is True:
-            d = policy.act([key], [obs], [world.hidden_view()])[0]
-        else:
-            d = policy.act([key], [obs])[0]
+        d = decide(policy, [key], [world], [observe(world.spec, world.pub)])[0]
         world.step(d.action, parse_error=d.parse_error)
         n += 1
     return world

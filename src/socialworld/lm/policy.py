@@ -18,6 +18,7 @@ from typing import Literal, Sequence
 from ..core import Action, Decision, Observation
 from ..records import PolicyRec
 from ..templates import POLICY_PROMPT_VERSION
+from ..visibility import legal_actions
 from .backends import Backend
 from .prompts import build_messages, parse_output
 
@@ -26,29 +27,20 @@ def candidate_actions(obs: Observation, limit: int = 24) -> list[Action]:
     """A pruned, ordered list of legal actions worth scoring: per present NPC approach, repair
     and inquiries on open decisions; per open decision proposals to all and finalizing the
     current proposal; negotiations with whoever rejected it; wait; end."""
-    here = [n.id for n in obs.npcs if n.present]
+    legal = set(legal_actions(obs))
     out: list[Action] = []
     for s in obs.slots:
         if s.status != "open":
             continue
-        for h in s.stakeholders:
-            out.append(Action("inquire", npc=h, slot=s.id))
-        for o in s.options:
-            if o.available:
-                out.append(Action("propose", slot=s.id, option=o.id, npc="all"))
+        out += [Action("inquire", npc=h, slot=s.id) for h in s.stakeholders]
+        out += [Action("propose", slot=s.id, option=o.id, npc="all") for o in s.options]
         if s.proposal:
             out.append(Action("finalize", slot=s.id, option=s.proposal))
-            for h in s.rejected_by:
-                for off in obs.offers:
-                    if off.kind == "pay" and (obs.budget_left or 0) < off.cost:
-                        continue
-                    if off.kind == "promise" and (off.target_slot == s.id or obs.slot(off.target_slot).status != "open"):
-                        continue
-                    out.append(Action("negotiate", npc=h, slot=s.id, option=s.proposal, offer=off.id))
-    for n in here:
-        out.append(Action("approach", npc=n))
-        out.append(Action("repair", npc=n))
-    out += [Action("wait"), Action("end")]
+            out += [Action("negotiate", npc=h, slot=s.id, option=s.proposal, offer=off.id)
+                    for h in s.rejected_by for off in obs.offers]
+    for n in obs.npcs:
+        out += [Action("approach", npc=n.id), Action("repair", npc=n.id)]
+    out = [a for a in out if a in legal] + [Action("wait"), Action("end")]
     return out[:limit] if len(out) <= limit else out[: limit - 2] + [Action("wait"), Action("end")]
 
 

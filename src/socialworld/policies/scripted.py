@@ -77,10 +77,6 @@ class Beliefs:
     seen: int = 0
     """how many facts of the (append-only) fact log have been absorbed"""
 
-    @classmethod
-    def from_observation(cls, obs: Observation) -> Beliefs:
-        return cls().update(obs)
-
     def update(self, obs: Observation) -> Beliefs:
         """Absorb the facts added since the last update (facts are append-only)."""
         b = self
@@ -278,14 +274,10 @@ class ExpertPolicy:
                     continue
                 if any(c.status == "pending" and c.target_slot == off.target_slot for c in obs.commitments):
                     continue  # never promise the same decision twice
-            if off.kind == "pay" and (obs.budget_left or 0) < off.cost + _cheapest_open_cost(obs):
+            if off.kind == "pay" and (obs.budget_left or 0) < off.cost + _reserve(obs):
                 continue
             return off.id
         return None
-
-
-def _cheapest_open_cost(obs: Observation) -> float:
-    return sum(min((o.cost for o in s.options if o.available), default=0.0) for s in obs.slots if s.status == "open")
 
 
 # ------------------------------------------------------------------ oracle
@@ -459,8 +451,8 @@ class OraclePolicy:
         return None
 
 
-def _reserve(obs: Observation, slot_id: str) -> float:
-    """Budget to keep for the other open decisions (their cheapest available option)."""
+def _reserve(obs: Observation, slot_id: str | None = None) -> float:
+    """Budget to keep for the open decisions other than ``slot_id`` (their cheapest available option)."""
     return sum(
         min((o.cost for o in s.options if o.available), default=0.0)
         for s in obs.slots
