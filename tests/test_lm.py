@@ -17,12 +17,13 @@ pytest.importorskip("transformers")
 from socialworld.core import Action  # noqa: E402
 from socialworld.lm.backends import HFBackend, OpenAIBackend  # noqa: E402
 from socialworld.lm.models import load_hf, parse_model_spec  # noqa: E402
-from socialworld.lm.policy import LMPolicy, candidate_actions  # noqa: E402
+from socialworld.lm.constrained import Choice, Forced, Free, decode  # noqa: E402
+from socialworld.lm.policy import LMPolicy, program  # noqa: E402
 from socialworld.lm.prompts import build_messages, parse_output  # noqa: E402
 from socialworld.policies import make_policy  # noqa: E402
 from socialworld.runner import EpisodeJob, run_episodes  # noqa: E402
 from socialworld.testing import drive, tiny_lm, tiny_spec  # noqa: E402
-from socialworld.visibility import observe  # noqa: E402
+from socialworld.visibility import legal_actions, observe  # noqa: E402
 from socialworld.world import World  # noqa: E402
 
 
@@ -76,50 +77,78 @@ def test_prompts_are_short(specs, tiny):
         assert len(tok.apply_chat_template(msgs, tokenize=True)) < 1500
 
 
-def test_candidates_are_legal(specs):
+def test_program_offers_exactly_the_legal_actions(specs):
     for sid, spec in specs.items():
         w = World(spec, 2)
         pol = make_policy("random", seed=1)
         pol.reset(["k"])
         while not w.done:
             obs = observe(spec, w.pub)
-            cands = candidate_actions(obs)
-            assert 2 <= len(cands) <= 24 and cands[-1].kind == "end"
-            assert all(w.check_legal(a) is None for a in cands), sid
+            (choice,) = [seg for seg in program(obs, 8) if isinstance(seg, Choice) and seg.name == "action"]
+            assert {Action.parse(o.strip()) for o in choice.options} == set(legal_actions(obs)), sid
             w.step(pol.act(["k"], [obs])[0].action)
 
 
 def test_batched_and_unbatched_greedy_agree(specs, tiny):
     model, tok = tiny
-    convs = [build_messages(_obs(specs, sid, steps=k)) for k, sid in enumerate(specs)]
+    obs = [_obs(specs, sid, steps=k) for k, sid in enumerate(specs)]
+    convs = [build_messages(o) for o in obs]
     batched = HFBackend(model, tok, name="tiny", max_new_tokens=12, batch_size=8).complete(convs)
     single = HFBackend(model, tok, name="tiny", max_new_tokens=12, batch_size=1).complete(convs)
     assert [c.text for c in batched] == [c.text for c in single]
-    heads = HFBackend(model, tok, name="tiny").prompts(convs, prefix="ACTION:")
-    cands = [[" " + a.key for a in candidate_actions(_obs(specs, sid, steps=k))] for k, sid in enumerate(specs)]
-    sb = HFBackend(model, tok, name="tiny", batch_size=8).score(heads, cands)
-    su = HFBackend(model, tok, name="tiny", batch_size=1).score(heads, cands)
-    argmax = lambda rows: [max(range(len(r)), key=r.__getitem__) for r in rows]  # noqa: E731
-    assert argmax(sb) == argmax(su)
-    assert all(abs(x - y) < 1e-3 for rb, ru in zip(sb, su) for x, y in zip(rb, ru))
+    progs = [program(o, 6) for o in obs]
+    cb = HFBackend(model, tok, name="tiny", batch_size=8).constrained(convs, progs)
+    cu = HFBackend(model, tok, name="tiny", batch_size=1).constrained(convs, progs)
+    assert [c.text for c in cb] == [c.text for c in cu]
+    assert [c.tokens_out for c in cb] == [c.tokens_out for c in cu]
 
 
-def test_scores_match_full_forward(specs, tiny):
-    """KV-cache candidate scoring equals scoring the concatenated text in one forward."""
+def _full_logits(model, ids):
     import torch
 
-    model, tok = tiny
-    backend = HFBackend(model, tok, name="tiny")
-    head = backend.prompts([build_messages(_obs(specs))], prefix="ACTION:")[0]
-    cand = " inquire(alice, restaurant)"
-    got = backend.score([head], [[cand, " wait()"]])[0][0]
-    h = tok(head, add_special_tokens=False)["input_ids"]
-    c = tok(cand, add_special_tokens=False)["input_ids"]
     with torch.inference_mode():
-        logits = model(torch.tensor([h + c])).logits[0].float()
-    lp = torch.log_softmax(logits[len(h) - 1 : -1], -1)
-    want = lp[range(len(c)), c].mean().item()
-    assert got == pytest.approx(want, abs=1e-4)
+        return model(torch.tensor([ids])).logits[0, -1].float()
+
+
+def test_constrained_choices_are_the_full_forward_argmax(specs, tiny):
+    """Shared prefix, mid-sequence padding and the preallocated cache change nothing: each
+    choice is the argmax, among the allowed tokens, of a plain forward over prompt + text so far."""
+    model, tok = tiny
+    backend = HFBackend(model, tok, name="tiny", batch_size=8)
+    convs = [build_messages(_obs(specs, sid, steps=k)) for k, sid in enumerate(specs)]
+    opts = ("alpha", "beta", "gamma", "delta")
+    prog = [Forced("ACTION:"), Choice("a", opts), Forced(" then"), Choice("b", opts)]
+    rows = decode(model, tok, backend.prompts(convs), [prog] * len(convs), batch_size=8)
+    ids = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    for prompt, row in zip(backend.prompts(convs), rows):
+        head = ids(prompt) + ids("ACTION:")
+        first = {ids(o)[0] for o in opts}
+        want = max(first, key=lambda t: _full_logits(model, head)[t].item())
+        assert ids(row.values["a"])[0] == want
+        head += ids(row.values["a"]) + ids(" then")
+        want = max(first, key=lambda t: _full_logits(model, head)[t].item())
+        assert ids(row.values["b"])[0] == want
+        assert row.text == f"ACTION:{row.values['a']} then{row.values['b']}"
+
+
+def test_constrained_prefix_options_free_text_and_cache_growth(specs, tiny, monkeypatch):
+    import socialworld.lm.constrained as constrained
+
+    model, tok = tiny
+    backend = HFBackend(model, tok, name="tiny", batch_size=4)
+    prompts = backend.prompts([build_messages(_obs(specs, sid)) for sid in list(specs)[:4]])
+    prog = [Forced("X:"), Choice("c", ("park", "park_b", "pa")), Forced(";"), Free("say", 5), Forced("|"),
+            Choice("one", ("only",))]
+    rows = decode(model, tok, prompts, [prog] * 4, batch_size=4)
+    for r in rows:
+        assert r.values["c"] in ("park", "park_b", "pa") and r.values["one"] == "only"
+        assert r.text == f"X:{r.values['c']};{r.values['say']}" + ("\n" if "\n" in r.text else "") + "|only"
+        assert "\n" not in r.values["say"] and 0 < r.choices
+    # a cache that must grow (bound underestimated) gives the same result
+    monkeypatch.setattr(constrained, "_completion_bound", lambda r: 0)
+    assert [r.text for r in decode(model, tok, prompts, [prog] * 4, batch_size=4)] == [r.text for r in rows]
+    with pytest.raises(ValueError, match="no options"):
+        decode(model, tok, prompts[:1], [[Choice("x", ())]])
 
 
 def test_free_mode_counts_unparseable_output(specs, tiny):
@@ -136,13 +165,16 @@ def test_free_mode_counts_unparseable_output(specs, tiny):
     assert ep.metrics.U.source == "degraded"
 
 
-def test_scored_mode_is_parseable_by_construction(specs, tiny):
+def test_constrained_mode_is_parseable_by_construction(specs, tiny):
     model, tok = tiny
-    pol = LMPolicy(HFBackend(model, tok, name="tiny", batch_size=4), decoding="scored", say_tokens=6)
-    eps = run_episodes(pol, [EpisodeJob(specs["team_lunch-v1"], s) for s in range(3)], batch_size=3)
+    pol = LMPolicy(HFBackend(model, tok, name="tiny", batch_size=4), decoding="constrained", say_tokens=6)
+    jobs = [EpisodeJob(specs[sid], s) for sid in ("team_lunch-v1", "book_club-v1", "weather_picnic-v1") for s in range(2)]
+    eps = run_episodes(pol, jobs, batch_size=6)
     for ep in eps:
         assert all(s.action.parse_status == "ok" for s in ep.steps)
-        assert ep.steps[0].policy.decoding["mode"] == "scored"
+        assert all(s.mental_state.stated is not None for s in ep.steps)  # the belief line always parses
+        assert ep.steps[0].policy.decoding["mode"] == "constrained" and ep.metrics.U.source == "direct"
+        assert all(s.policy.tokens_out > 0 for s in ep.steps)
 
 
 # ------------------------------------------------------------------ the server path
@@ -233,3 +265,17 @@ def test_misbehaving_server(mode):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_belief_focus_and_running_estimate(specs):
+    from socialworld.core import MentalState
+    from socialworld.lm.policy import focus, merge
+
+    obs = _obs(specs, steps=3)
+    (npc,) = [seg.text.strip() for seg in program(obs, 4)[1:2]]
+    assert npc == focus(obs) and any(n.id == npc and n.present for n in obs.npcs)
+    old = MentalState({"alice": {"restaurant": "thai", "time": "t1200"}}, {"alice": "low"})
+    new = MentalState({"alice": {"time": "t1230"}, "ben": {"time": "t1200"}}, {"alice": "high"})
+    got = merge(old, new)
+    assert got.preferences == {"alice": {"restaurant": "thai", "time": "t1230"}, "ben": {"time": "t1200"}}
+    assert got.moods == {"alice": "high"} and merge(old, None) is old and merge(None, new) is new

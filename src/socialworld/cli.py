@@ -61,7 +61,7 @@ def eval_cmd(
     episodes: int = typer.Option(3, help=H("episodes")),
     seed: int = typer.Option(0, help=H("seed")),
     batch_size: int = typer.Option(64, help=H("batch_size")),
-    lm_batch_size: int = typer.Option(16, help=H("lm_batch_size")),
+    lm_batch_size: int = typer.Option(12, help=H("lm_batch_size")),
     decoding: str = typer.Option("auto", help=H("decoding")),
     max_new_tokens: int = typer.Option(64, help=H("max_new_tokens")),
     out: Optional[Path] = typer.Option(None, help=H("out")),
@@ -88,12 +88,12 @@ def eval_cmd(
     if as_json:
         print(json.dumps(summary))
         return
-    cols = ("U", "A_e", "S_npc", "D", "CR", "pass_rate")
+    cols = ("U", "A_e", "S_npc", "D", "CR", "pass_rate", "parse_failure_rate")
     for title, rows in (("by tier", summary["by_tier"]), ("by scenario", summary["by_scenario"])):
         t = Table(title=f"{policy}: {title} ({summary['episodes']} episodes)")
         t.add_column("tier" if title == "by tier" else "scenario")
         for c in ("n", *cols):
-            t.add_column(c, justify="right")
+            t.add_column("parse fail" if c == "parse_failure_rate" else c, justify="right")
         for key, m in rows.items():
             t.add_row(key, str(m["n"]), *(f"{m[c]:.2f}" for c in cols))
         console.print(t)

@@ -29,10 +29,10 @@ class EvalConfig:
     episodes: int = field(default=3, metadata={"help": "episodes per scenario"})
     seed: int = field(default=0, metadata={"help": "run seed; episode seeds are derived from it"})
     batch_size: int = field(default=64, metadata={"help": "episodes advanced in lockstep per batch"})
-    lm_batch_size: int = field(default=16, metadata={"help": "language models: prompts per forward pass (or concurrent API calls)"})
+    lm_batch_size: int = field(default=12, metadata={"help": "language models: prompts per forward pass (or concurrent API calls)"})
     decoding: str = field(
         default="auto",
-        metadata={"help": "language models: free (parse BELIEF/ACTION/SAY), scored (rank legal actions), auto (scored for local models)"},
+        metadata={"help": "language models: free (parse BELIEF/ACTION/SAY), constrained (greedy under the reply grammar: parseable by construction), auto (constrained for local models)"},
     )
     max_new_tokens: int = field(default=64, metadata={"help": "language models: tokens generated per free-form reply"})
     out: Path | None = field(

@@ -104,18 +104,25 @@ class Aggregate:
     D: float
     CR: float
     pass_rate: float
+    steps: int
+    parse_failure_rate: float
 
     def as_dict(self) -> dict[str, float | int]:
-        return {"U": self.U, "A_e": self.A_e, "S_npc": self.S_npc, "D": self.D, "CR": self.CR, "pass_rate": self.pass_rate, "n": self.n}
+        return {"U": self.U, "A_e": self.A_e, "S_npc": self.S_npc, "D": self.D, "CR": self.CR, "pass_rate": self.pass_rate,
+                "n": self.n, "steps": self.steps, "parse_failure_rate": self.parse_failure_rate}
 
 
 def aggregate(episodes: Sequence[EpisodeRecord]) -> Aggregate:
-    """Means of each metric and PassRate = share of passed episodes."""
+    """Means of each metric; PassRate = share of passed episodes; parse-failure rate = share of
+    steps whose output was unparseable or illegal (both executed as ``wait`` with the penalty)."""
     if not episodes:
         raise ValueError("cannot aggregate zero episodes")
     ms = [e.metrics or episode_metrics(e) for e in episodes]
     mean = lambda k: fmean(getattr(m, k).value or 0.0 for m in ms)  # noqa: E731
-    return Aggregate(len(ms), mean("U"), mean("A_e"), mean("S_npc"), mean("D"), mean("CR"), fmean(float(m.passed) for m in ms))
+    steps = [s for e in episodes for s in e.steps]
+    failed = sum(s.action.parse_status != "ok" for s in steps)
+    return Aggregate(len(ms), mean("U"), mean("A_e"), mean("S_npc"), mean("D"), mean("CR"), fmean(float(m.passed) for m in ms),
+                     len(steps), failed / len(steps) if steps else 0.0)
 
 
 def group_by(episodes: Iterable[EpisodeRecord], key: str) -> dict[str, list[EpisodeRecord]]:

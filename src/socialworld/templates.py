@@ -101,19 +101,24 @@ repair(npc) wait() finalize(slot, option) end()"""
 
 # ---------------------------------------------------------------- language-model policy prompts
 
-POLICY_PROMPT_VERSION = "policy-v1"
+POLICY_PROMPT_VERSION = "policy-v2"
 
+# policy-v2: the scenario's static brief moved into the system message (cacheable per
+# scenario); the user message holds only the state at this step. (policy-v1 had both in the
+# user message; retired before any adapter was trained on it.)
 POLICY_SYSTEM: dict[str, str] = {
-    "policy-v1": (
+    "policy-v2": (
         "You organise a group decision: ask people what they want, propose options they accept, "
         "negotiate with those who refuse, finalize once all agree.\n"
-        "Reply in three lines, for example:\n"
-        "BELIEF: ann venue=park mood=high; bob venue=cafe mood=mid\n"
+        "Reply in three lines: what the person who spoke last wants and how they feel, your action, "
+        "your words. For example:\n"
+        "BELIEF: ann venue=park mood=high\n"
         "ACTION: propose(venue, park, all)\n"
-        "SAY: Ann and Bob, how about the park? Would that work for you?"
+        "SAY: Ann and Bob, how about the park? Would that work for you?\n\n"
+        "{brief}"
     ),
 }
 
 POLICY_USER: dict[str, str] = {
-    "policy-v1": "{obs}",
+    "policy-v2": "{obs}",
 }

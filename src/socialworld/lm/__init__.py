@@ -14,15 +14,15 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
 
     ms = parse_model_spec(spec)
     if ms.kind == "openai":
-        if decoding == "scored":
-            raise ValueError("scored decoding needs log-probabilities of a local model; use decoding='free' for a server")
+        if decoding == "constrained":
+            raise ValueError("constrained decoding needs the logits of a local model; use decoding='free' for a server")
         return LMPolicy(OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size),  # type: ignore[arg-type]
                         decoding="free")
     if ms.kind in ("bundled", "hf"):
         path = bundled_path() if ms.kind == "bundled" else ms.name
         model, tok = load_hf(path, dtype=dtype)
         backend = HFBackend(model, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=batch_size)
-        return LMPolicy(backend, base_model=ms.display, decoding="scored" if decoding == "auto" else decoding)
+        return LMPolicy(backend, base_model=ms.display, decoding="constrained" if decoding == "auto" else decoding)
     raise ValueError(f"{spec!r} is a scripted policy, not a language model")
 
 

@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from .constrained import PrefixCache
+
 Messages = list[dict[str, str]]
 
 
@@ -36,7 +38,7 @@ class Backend(Protocol):
 @dataclass
 class HFBackend:
     """A transformers causal LM: batched greedy generation (left padding, KV cache) and
-    candidate scoring that reuses each prompt's KV cache across its candidates."""
+    grammar-constrained greedy decoding on a shared-prefix KV cache."""
 
     model: Any
     tokenizer: Any
@@ -44,14 +46,16 @@ class HFBackend:
     max_new_tokens: int = 64
     batch_size: int = 16
     decoding: dict[str, Any] = field(default_factory=dict)
+    prefix_cache: PrefixCache = field(default_factory=PrefixCache)
+    """KV states of system prompts; clear it (``prefix_cache.clear()``) if the weights change"""
 
     def __post_init__(self) -> None:
         self.decoding = {"strategy": "greedy", "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
                          "dtype": str(self.model.dtype).replace("torch.", "")}
 
-    def prompts(self, conversations: Sequence[Messages], prefix: str = "") -> list[str]:
-        """Chat-templated prompt texts, each ending in the assistant turn (plus ``prefix``)."""
-        return [self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) + prefix
+    def prompts(self, conversations: Sequence[Messages]) -> list[str]:
+        """Chat-templated prompt texts, each ending in the opened assistant turn."""
+        return [self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
                 for c in conversations]
 
     def complete(self, conversations: Sequence[Messages]) -> list[Completion]:
@@ -82,40 +86,17 @@ class HFBackend:
                 out.append(Completion(text, int(mask.sum()), n_out, dt))
         return out
 
-    def score(self, texts: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[list[float]]:
-        """Mean log-probability per token of each candidate continuation of each text. Each
-        text is prefilled once (batched); its cache is then repeated over its candidates."""
-        import torch
-        from transformers import DynamicCache
+    def constrained(self, conversations: Sequence[Messages], programs: Sequence[Sequence[Any]]) -> list[Completion]:
+        """Greedy decoding of each conversation's reply under its program (grammar); see
+        :mod:`socialworld.lm.constrained`. Parseable by construction. The system message's KV
+        state is cached across calls (it is the same at every step of a scenario)."""
+        from .constrained import decode
 
-        tok = self.tokenizer
-        scores: list[list[float]] = []
-        for start in range(0, len(texts), self.batch_size):
-            chunk = list(texts[start : start + self.batch_size])
-            enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
-            mask = enc["attention_mask"]
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            with torch.inference_mode():
-                pre = self.model(input_ids=enc["input_ids"], attention_mask=mask, position_ids=pos, use_cache=True)
-                for b in range(len(chunk)):
-                    cands = [tok(c, add_special_tokens=False)["input_ids"] for c in candidates[start + b]]
-                    k, length = len(cands), max(len(c) for c in cands)
-                    ids = torch.full((k, length), tok.pad_token_id, dtype=torch.long)
-                    cmask = torch.zeros((k, length), dtype=torch.long)
-                    for i, c in enumerate(cands):
-                        ids[i, : len(c)] = torch.tensor(c)
-                        cmask[i, : len(c)] = 1
-                    cache = DynamicCache(ddp_cache_data=[
-                        (layer.keys[b : b + 1].expand(k, -1, -1, -1), layer.values[b : b + 1].expand(k, -1, -1, -1))
-                        for layer in pre.past_key_values.layers
-                    ])
-                    cpos = (pos[b, -1] + 1 + torch.arange(length)).expand(k, length)
-                    o = self.model(input_ids=ids, attention_mask=torch.cat([mask[b].expand(k, -1), cmask], 1),
-                                   position_ids=cpos, past_key_values=cache)
-                    logits = torch.cat([pre.logits[b, -1].expand(k, 1, -1), o.logits[:, :-1]], 1).float()
-                    logp = torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-                    scores.append(((logp * cmask).sum(1) / cmask.sum(1)).tolist())
-        return scores
+        systems = [self.tokenizer.apply_chat_template(c[:1], tokenize=False) if c and c[0]["role"] == "system" else ""
+                   for c in conversations]
+        rows = decode(self.model, self.tokenizer, self.prompts(conversations), programs, self.batch_size,
+                      prefixes=systems, prefix_cache=self.prefix_cache)
+        return [Completion(r.text, r.tokens_in, r.tokens_out, r.latency_s) for r in rows]
 
 
 @dataclass

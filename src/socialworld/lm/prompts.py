@@ -6,22 +6,33 @@ from __future__ import annotations
 import re
 
 from ..core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation
-from ..templates import POLICY_SYSTEM, POLICY_USER
+from ..templates import POLICY_PROMPT_VERSION, POLICY_SYSTEM, POLICY_USER
+
+
+def brief(obs: Observation) -> str:
+    """The scenario's static part (the same at every step of every episode of a scenario):
+    goal, cast, decisions with all their options, offers. It goes into the system message so a
+    backend can cache its KV state once per scenario."""
+    lines = [obs.goal, "People: " + ", ".join(n.id for n in obs.npcs)]
+    lines += [f"{s.id}: options {'|'.join(o.id for o in s.options)}" for s in obs.slots]
+    if obs.offers:
+        lines.append("Offers: " + ", ".join(o.id for o in obs.offers))
+    return "\n".join(lines)
 
 
 def compact(obs: Observation) -> str:
-    """A short rendering of the observation for small models (ids, not labels)."""
-    lines = [f"Turn {obs.step + 1}/{obs.turn_budget}. {obs.goal}"]
+    """The state at this step, short enough for small models (ids, not labels)."""
+    lines = [f"Turn {obs.step + 1}/{obs.turn_budget}."]
     if obs.budget is not None:
         lines.append(f"Budget left: {obs.budget_left:g}")
-    lines.append("People: " + ", ".join(
+    lines.append("Here: " + ", ".join(
         n.id + (f" ({n.cue.split(' ', 1)[1]})" if n.cue else "") for n in obs.npcs if n.present))
     for s in obs.slots:
         if s.status != "open":
             lines.append(f"{s.id}: {s.status}" + (f" {s.choice}" if s.choice else ""))
             continue
-        opts = "|".join(o.id for o in s.options if o.available)
-        line = f"{s.id}: open, options {opts}"
+        gone = [o.id for o in s.options if not o.available]
+        line = f"{s.id}: open" + (f", gone {'|'.join(gone)}" if gone else "")
         if s.proposal:
             line += f"; proposed {s.proposal}, yes: {' '.join(s.accepted_by) or '-'}, no: {' '.join(s.rejected_by) or '-'}"
         lines.append(line)
@@ -36,14 +47,12 @@ def compact(obs: Observation) -> str:
     if obs.recent:
         last = obs.recent[-1]
         lines.append(f"Last: {last.speaker}: {last.text}")
-    if obs.offers:
-        lines.append("Offers: " + ", ".join(o.id for o in obs.offers))
     return "\n".join(lines)
 
 
-def build_messages(obs: Observation, version: str = "policy-v1") -> list[dict[str, str]]:
+def build_messages(obs: Observation, version: str = POLICY_PROMPT_VERSION) -> list[dict[str, str]]:
     return [
-        {"role": "system", "content": POLICY_SYSTEM[version]},
+        {"role": "system", "content": POLICY_SYSTEM[version].format(brief=brief(obs))},
         {"role": "user", "content": POLICY_USER[version].format(obs=compact(obs))},
     ]
 
