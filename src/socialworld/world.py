@@ -259,12 +259,14 @@ class World:
 
     # ------------------------------------------------------------ fork / snapshot
 
-    def fork(self) -> World:
-        """An independent copy (RNG position included); stepping it never changes ``self``."""
+    def fork(self, reseed: int | None = None) -> World:
+        """An independent copy (RNG position included); stepping it never changes ``self``.
+        With ``reseed`` the copy's future NPC randomness comes from a fresh stream of that seed
+        (the hidden state stays): independent rollouts from the same state."""
         w = object.__new__(World)
         w.spec = self.spec
         w.seed = self.seed
-        w.rng = self.rng.fork()
+        w.rng = self.rng.fork() if reseed is None else WorldRNG(reseed)
         w.pub = self.pub.clone()
         w.hid = {k: h.clone() for k, h in self.hid.items()}
         w.conflict_first = list(self.conflict_first)

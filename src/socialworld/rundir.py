@@ -1,0 +1,110 @@
+"""A resumable, auditable run directory (DESIGN §9).
+
+``runs/<run-id>/`` holds ``config.yaml``, ``manifest.json`` and the run's artifacts. Every
+artifact is written atomically (temporary name, then rename) and then *committed* to the
+manifest with its sha256, producer and inputs. An artifact counts as complete only when the
+manifest lists it and its bytes still hash to the listed value, so a run killed mid-write
+resumes from its last complete artifact and redoes the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from .records import atomic_write_text
+
+MANIFEST_VERSION = "manifest-v1"
+
+
+def sha256_path(path: Path) -> str:
+    """sha256 of a file, or of a folder (its files' relative paths and bytes, in sorted order)."""
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+class RunDir:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._manifest_path = self.root / "manifest.json"
+        if self._manifest_path.exists():
+            data = json.loads(self._manifest_path.read_text())
+            if data.get("version") != MANIFEST_VERSION:
+                raise ValueError(f"{self._manifest_path}: unsupported manifest version {data.get('version')!r}")
+            self.artifacts: dict[str, dict[str, Any]] = data["artifacts"]
+        else:
+            self.artifacts = {}
+
+    # ------------------------------------------------------------------ config
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """Write ``config.yaml``; a resumed run must have the same config (else a clear error)."""
+        path = self.root / "config.yaml"
+        text = yaml.safe_dump(config, sort_keys=True)
+        if path.exists() and yaml.safe_load(path.read_text()) != yaml.safe_load(text):
+            raise ValueError(f"{path} exists with a different config: resume with the same settings or use a new run folder")
+        atomic_write_text(path, text)
+
+    # ------------------------------------------------------------------ artifacts
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def complete(self, rel: str) -> bool:
+        entry = self.artifacts.get(rel)
+        p = self.path(rel)
+        return entry is not None and p.exists() and sha256_path(p) == entry["sha256"]
+
+    def commit(self, rel: str, producer: str, inputs: Sequence[str] = ()) -> str:
+        """Record an artifact already written at ``rel``; returns its sha256."""
+        p = self.path(rel)
+        if not p.exists():
+            raise FileNotFoundError(p)
+        self._check_inputs(rel, inputs)
+        digest = sha256_path(p)
+        self.artifacts[rel] = {"sha256": digest, "producer": producer, "inputs": list(inputs)}
+        atomic_write_text(self._manifest_path, json.dumps({"version": MANIFEST_VERSION, "artifacts": self.artifacts},
+                                                          indent=1, sort_keys=True) + "\n")
+        return digest
+
+    def _check_inputs(self, rel: str, inputs: Sequence[str]) -> None:
+        missing = [i for i in inputs if i not in self.artifacts]
+        if missing:
+            raise ValueError(f"{rel}: inputs not in the manifest: {missing}")
+
+    def sha(self, rel: str) -> str:
+        return self.artifacts[rel]["sha256"]
+
+    def produce(self, rel: str, producer: str, write: Callable[[Path], None], inputs: Sequence[str] = ()) -> bool:
+        """Make ``rel`` unless complete: ``write(tmp)`` writes a file or folder at ``tmp``, which
+        is then renamed into place and committed. Returns True if it (re)made the artifact."""
+        if self.complete(rel):
+            return False
+        self._check_inputs(rel, inputs)
+        dest = self.path(rel)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent)) / dest.name
+        try:
+            write(tmp)
+            if dest.is_dir():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        finally:
+            shutil.rmtree(tmp.parent, ignore_errors=True)
+        self.commit(rel, producer, inputs)
+        return True

@@ -1,0 +1,335 @@
+"""Sleep phase (DESIGN §7): wake episodes -> counterfactual preference pairs -> screening ->
+strict gating, with a report that counts every exclusion by reason.
+
+* **Counterfactuals** — each decision step of a wake episode is replayed exactly (the replay
+  checks every recorded reward), the world is forked, and each candidate action is scored by
+  ``rollouts`` continuations of the ``continuation`` policy (common random numbers: rollout m of
+  every candidate uses the same reseed). Provenance: ``simulator_rollout(<policy>, M, horizon)``.
+* **Action track** (step level) — prompt = the policy's prompt at that step; chosen = the best
+  candidate with the true mental state of the focus NPC as its belief (a hindsight label from
+  the simulator); rejected = what the policy wrote. Kept when the value margin is >= ``margin``.
+* **Dialogue track** (trajectory level) — two trajectories of the same scenario and seed (the
+  policy's and the continuation policy's); at aligned steps where both took the same action,
+  chosen = the utterance of the higher-outcome trajectory, rejected = the other's, when its
+  ``q_t`` is higher too.
+* **Screening** — exact dedup, a cap per template key, an optional capability filter (a callable
+  that says the current policy already prefers chosen), quality threshold.
+* **Gating** — action track: the source episode's U, A_e, S_npc and D must be numbers with source
+  ``direct`` or ``fused`` (``degraded``, ``proxy``, ``missing`` excluded); dialogue track:
+  relaxed (its episode's D must be a number). ``gating="off"`` skips it (the ablation).
+
+Pairs are TRL conversational preference rows (``prompt``/``chosen``/``rejected`` as message
+lists) plus our metadata columns, written to Parquet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import fmean
+from typing import Callable, Iterator, Literal, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
+
+from .core import Action
+from .lm.policy import focus
+from .lm.prompts import build_messages
+from .policies import make_policy
+from .records import EpisodeRecord, StepRecord
+from .rng import derive_seed
+from .runner import decide
+from .spec import ScenarioSpec
+from .visibility import legal_actions, observe
+from .world import World
+
+PAIR_SCHEMA = "pair-v1"
+GOOD_SOURCES = ("direct", "fused")
+
+
+@dataclass(frozen=True)
+class SleepConfig:
+    continuation: str = field(default="expert", metadata={"help": "policy rolled out after each counterfactual candidate"})
+    rollouts: int = field(default=2, metadata={"help": "M: continuations per candidate"})
+    horizon: int = field(default=8, metadata={"help": "steps per continuation (or until the episode ends)"})
+    max_candidates: int = field(default=12, metadata={"help": "legal alternatives scored per step (besides the taken one)"})
+    margin: float = field(default=0.05, metadata={"help": "delta: least value gap between chosen and rejected"})
+    quality_threshold: float = field(default=0.5, metadata={"help": "least share of paired rollouts in which chosen beats rejected"})
+    template_cap: int = field(default=6, metadata={"help": "most pairs per template key (scenario, chosen kind, rejected kind)"})
+    q_margin: float = field(default=0.05, metadata={"help": "dialogue track: least q_t gap"})
+    gating: Literal["strict", "off"] = field(default="strict", metadata={"help": "strict provenance gating, or off (ablation)"})
+    seed: int = field(default=0, metadata={"help": "seed of the continuation reseeds"})
+
+    @property
+    def provenance(self) -> str:
+        return f"simulator_rollout({self.continuation}, M={self.rollouts}, horizon={self.horizon})"
+
+
+class Pair(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal["pair-v1"] = PAIR_SCHEMA
+    id: str
+    track: Literal["action", "dialogue"]
+    scenario_id: str
+    tier: str
+    seed: int
+    step: int
+    episode_id: str
+    prompt: list[dict[str, str]]
+    chosen: list[dict[str, str]]
+    rejected: list[dict[str, str]]
+    chosen_value: float
+    rejected_value: float
+    quality: float
+    """action: share of paired rollouts where chosen beats rejected; dialogue: q_chosen - q_rejected"""
+    provenance: str
+    evidence: dict[str, str]
+    """source of each of the episode's metrics (U, A_e, S_npc, D)"""
+    template_key: str
+
+
+@dataclass
+class GatingReport:
+    candidates: int = 0
+    kept: dict[str, int] = field(default_factory=dict)
+    excluded: Counter = field(default_factory=Counter)
+    """(track, reason) -> count"""
+
+    def exclude(self, track: str, reason: str) -> None:
+        self.excluded[f"{track}:{reason}"] += 1
+
+    def as_dict(self) -> dict:
+        return {"candidates": self.candidates, "kept": dict(self.kept), "excluded": dict(sorted(self.excluded.items()))}
+
+
+# ------------------------------------------------------------------ replay and counterfactual values
+
+
+class ReplayMismatch(RuntimeError):
+    pass
+
+
+def recorded_action(step: StepRecord) -> Action | None:
+    """The action the world executed at ``step`` (None for unparseable output)."""
+    if step.action.parse_status == "unparseable" or step.action.structured is None:
+        return None
+    st = step.action.structured
+    return Action(st["kind"], st.get("npc"), st.get("slot"), st.get("option"), st.get("offer"), step.dialogue.utterance)  # type: ignore[arg-type]
+
+
+def replay(spec: ScenarioSpec, ep: EpisodeRecord) -> Iterator[tuple[StepRecord, World]]:
+    """Yield (step record, the world just before it) for each step, re-executing the episode and
+    checking each recorded reward. The yielded world is live: fork it before stepping."""
+    if spec.id != ep.scenario_id:
+        raise ValueError(f"episode {ep.episode_id} is not of scenario {spec.id}")
+    w = World(spec, ep.seed)
+    for s in ep.steps:
+        yield s, w
+        res = w.step(recorded_action(s), parse_error=s.action.error if s.action.parse_status == "unparseable" else None)
+        if abs(res.reward - (s.signals.reward.value or 0.0)) > 1e-9:
+            raise ReplayMismatch(f"{ep.episode_id} step {s.setting.step}: reward {res.reward} != recorded {s.signals.reward.value}")
+
+
+def rollout_returns(w0: World, first: Action, cfg: SleepConfig, key: Sequence[int | str]) -> list[float]:
+    """Returns of ``cfg.rollouts`` continuations: step ``first``, then the continuation policy
+    for up to ``cfg.horizon`` steps. Return = sum of step rewards (Phi gain minus costs)."""
+    out = []
+    for m in range(cfg.rollouts):
+        w = w0.fork(reseed=derive_seed(cfg.seed, *key, m))
+        pol = make_policy(cfg.continuation, seed=derive_seed(cfg.seed, *key, m, "policy"))
+        pol.reset(["cf"])
+        ret = w.step(first).reward
+        for _ in range(cfg.horizon):
+            if w.done:
+                break
+            d = decide(pol, ["cf"], [w], [observe(w.spec, w.pub)])[0]
+            ret += w.step(d.action, parse_error=d.parse_error).reward
+        out.append(ret)
+    return out
+
+
+def candidates(w: World, taken: Action | None, limit: int, key: Sequence[int | str]) -> list[Action]:
+    """Legal alternatives at this state (``wait``/``end`` always included), capped at ``limit`` by
+    a deterministic shuffle, plus the taken action when it was legal."""
+    from .rng import WorldRNG
+
+    legal = legal_actions(observe(w.spec, w.pub))
+    always = [a for a in legal if a.kind in ("wait", "end")]
+    rest = WorldRNG(derive_seed(*key, "candidates")).shuffled([a for a in legal if a.kind not in ("wait", "end")])
+    out = always + rest[: max(0, limit - len(always))]
+    if taken is not None and taken.key in {a.key for a in legal} and taken.key not in {a.key for a in out}:
+        out.append(taken)
+    return out
+
+
+# ------------------------------------------------------------------ pairs
+
+
+def _assistant(text: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": text}]
+
+
+def _belief_text(npc: str | None, truth: dict) -> str:
+    if npc is None:
+        return "BELIEF:"
+    prefs = " ".join(f"{slot}={opt}" for slot, opt in truth["preferences"].get(npc, {}).items())
+    mood = truth["moods"].get(npc)
+    return f"BELIEF: {npc}" + (f" {prefs}" if prefs else "") + (f" mood={mood}" if mood else "")
+
+
+def _pair_id(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _evidence(ep: EpisodeRecord) -> dict[str, str]:
+    m = ep.metrics
+    if m is None:
+        return {k: "missing" for k in ("U", "A_e", "S_npc", "D")}
+    return {k: (getattr(m, k).source if getattr(m, k).value is not None else "missing") for k in ("U", "A_e", "S_npc", "D")}
+
+
+def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report: GatingReport) -> list[Pair]:
+    """Step-level counterfactual pairs of one wake episode (before screening and gating)."""
+    from .visibility import observe as _observe
+
+    pairs = []
+    for s, w in replay(spec, ep):
+        t = s.setting.step
+        key = (ep.scenario_id, ep.seed, t)
+        taken = recorded_action(s)
+        cands = candidates(w, taken if s.action.parse_status == "ok" else None, cfg.max_candidates, key)
+        values = {a.key: rollout_returns(w, _say(w, a), cfg, key) for a in cands}
+        # the taken step as executed (unparseable/illegal -> wait with the penalty) is the rejected side
+        rej_returns = rollout_returns(w, _say(w, Action("wait")), cfg, key) if taken is None or s.action.parse_status != "ok" \
+            else values.get(taken.key) or rollout_returns(w, taken, cfg, key)
+        if s.action.parse_status != "ok":
+            rej_returns = [r - (s.signals.penalty.value or 0.0) for r in rej_returns]
+        best = max(cands, key=lambda a: (fmean(values[a.key]), a.key))
+        report.candidates += 1
+        margin = fmean(values[best.key]) - fmean(rej_returns)
+        if (taken is not None and best.key == taken.key and s.action.parse_status == "ok") or margin < cfg.margin:
+            report.exclude("action", "below_margin")
+            continue
+        obs = _observe(spec, w.pub)
+        npc = focus(obs)
+        chosen = f"{_belief_text(npc, s.mental_state.truth)}\nACTION: {best.key}"
+        rejected = s.action.raw.split("\nSAY:", 1)[0].strip() or "(empty)"
+        quality = fmean(float(c > r) for c, r in zip(values[best.key], rej_returns))
+        pairs.append(Pair(
+            id=_pair_id("action", ep.episode_id, t, chosen, rejected), track="action", scenario_id=ep.scenario_id,
+            tier=ep.tier, seed=ep.seed, step=t, episode_id=ep.episode_id, prompt=build_messages(obs),
+            chosen=_assistant(chosen), rejected=_assistant(rejected), chosen_value=fmean(values[best.key]),
+            rejected_value=fmean(rej_returns), quality=quality, provenance=cfg.provenance, evidence=_evidence(ep),
+            template_key=f"{ep.scenario_id}:{best.kind}>{taken.kind if taken else 'unparseable'}",
+        ))
+    return pairs
+
+
+def _say(w: World, a: Action) -> Action:
+    """Candidates are compared with one neutral utterance style (the expert's templates)."""
+    from .policies.scripted import say
+
+    return say(observe(w.spec, w.pub), a)
+
+
+def _episode_return(ep: EpisodeRecord) -> float:
+    return sum(s.signals.reward.value or 0.0 for s in ep.steps)
+
+
+def dialogue_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, cfg: SleepConfig, report: GatingReport) -> list[Pair]:
+    """Trajectory-level utterance pairs from two episodes of the same scenario and seed."""
+    if (a.scenario_id, a.seed) != (b.scenario_id, b.seed):
+        raise ValueError("dialogue pairs need two episodes of the same scenario and seed")
+    hi, lo = (a, b) if (_episode_return(a), a.episode_id) >= (_episode_return(b), b.episode_id) else (b, a)
+    pairs = []
+    for (sh, wh), sl in zip(replay(spec, hi), lo.steps):
+        report.candidates += 1
+        qh, ql = sh.signals.q.value, sl.signals.q.value
+        if sh.action.executed != sl.action.executed or qh is None or ql is None:
+            report.exclude("dialogue", "not_aligned")
+            continue
+        if qh - ql < cfg.q_margin or sh.dialogue.utterance == sl.dialogue.utterance:
+            report.exclude("dialogue", "below_margin")
+            continue
+        obs = observe(spec, wh.pub)
+        head = f"{_belief_text(focus(obs), sh.mental_state.truth)}\nACTION: {sh.action.executed}\nSAY:"
+        t = sh.setting.step
+        pairs.append(Pair(
+            id=_pair_id("dialogue", hi.episode_id, lo.episode_id, t), track="dialogue", scenario_id=hi.scenario_id,
+            tier=hi.tier, seed=hi.seed, step=t, episode_id=hi.episode_id,
+            prompt=build_messages(obs) + [{"role": "assistant", "content": head}],
+            chosen=_assistant(" " + sh.dialogue.utterance), rejected=_assistant(" " + sl.dialogue.utterance),
+            chosen_value=_episode_return(hi), rejected_value=_episode_return(lo), quality=qh - ql,
+            provenance=f"trajectory_pair(q_t {qh:.2f} vs {ql:.2f})", evidence=_evidence(hi),
+            template_key=f"{hi.scenario_id}:say:{sh.action.executed.split('(')[0]}",
+        ))
+    return pairs
+
+
+# ------------------------------------------------------------------ screening and gating
+
+
+def screen_and_gate(pairs: Sequence[Pair], cfg: SleepConfig, report: GatingReport,
+                    already_right: Callable[[Pair], bool] | None = None) -> list[Pair]:
+    """Dedup, template cap, capability filter, quality threshold, then provenance gating."""
+    kept: list[Pair] = []
+    seen: set[tuple] = set()
+    per_template: Counter = Counter()
+    for p in pairs:
+        sig = (p.track, json.dumps(p.prompt), p.chosen[0]["content"], p.rejected[0]["content"])
+        if sig in seen:
+            report.exclude(p.track, "duplicate")
+            continue
+        seen.add(sig)
+        if per_template[p.template_key] >= cfg.template_cap:
+            report.exclude(p.track, "template_cap")
+            continue
+        if already_right is not None and already_right(p):
+            report.exclude(p.track, "capability")
+            continue
+        if cfg.gating == "strict":
+            if p.track == "action":
+                bad = [k for k, src in p.evidence.items() if src not in GOOD_SOURCES]
+                if bad:
+                    src = p.evidence[bad[0]]
+                    report.exclude(p.track, f"{src}_evidence")
+                    continue
+                if p.quality < cfg.quality_threshold:
+                    report.exclude(p.track, "low_quality")
+                    continue
+            elif p.evidence.get("D") == "missing":
+                report.exclude(p.track, "missing_evidence")
+                continue
+        per_template[p.template_key] += 1
+        kept.append(p)
+    for track in ("action", "dialogue"):
+        report.kept[track] = sum(p.track == track for p in kept)
+    return kept
+
+
+def write_pairs(path: str | Path, pairs: Sequence[Pair]) -> None:
+    """Parquet with TRL's conversational preference columns (prompt/chosen/rejected as lists of
+    {role, content}) plus the metadata columns."""
+    rows = [p.model_dump() for p in pairs]
+    msg = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    schema = pa.schema([
+        ("schema_version", pa.string()), ("id", pa.string()), ("track", pa.string()), ("scenario_id", pa.string()),
+        ("tier", pa.string()), ("seed", pa.int64()), ("step", pa.int64()), ("episode_id", pa.string()),
+        ("prompt", msg), ("chosen", msg), ("rejected", msg), ("chosen_value", pa.float64()),
+        ("rejected_value", pa.float64()), ("quality", pa.float64()), ("provenance", pa.string()),
+        ("evidence", pa.map_(pa.string(), pa.string())), ("template_key", pa.string()),
+    ])
+    for r in rows:
+        r["evidence"] = list(r["evidence"].items())
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(path))
+
+
+def read_pairs(path: str | Path) -> list[Pair]:
+    rows = pq.read_table(str(path)).to_pylist()
+    return [Pair(**{**r, "evidence": dict(r["evidence"])}) for r in rows]
+

@@ -1,0 +1,54 @@
+"""Run directory: atomic artifacts, manifest with hashes, resume after a crash."""
+
+import json
+
+import pytest
+
+from socialworld.rundir import RunDir
+
+
+def test_produce_commit_and_resume(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.write_config({"cycles": 2})
+    calls = []
+
+    def write_file(p):
+        calls.append(p)
+        p.write_text("hello")
+
+    assert run.produce("a/one.txt", "test", write_file) is True
+    assert run.produce("a/one.txt", "test", write_file) is False and len(calls) == 1
+
+    def write_dir(p):
+        p.mkdir()
+        (p / "w.bin").write_bytes(b"\x00\x01")
+
+    assert run.produce("a/adapter", "train", write_dir, inputs=["a/one.txt"])
+    m = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert m["artifacts"]["a/adapter"]["inputs"] == ["a/one.txt"] and len(m["artifacts"]["a/one.txt"]["sha256"]) == 64
+
+    # a fresh handle (a resumed process) sees the same complete artifacts
+    again = RunDir(tmp_path / "r")
+    assert again.complete("a/one.txt") and again.complete("a/adapter")
+    # a changed file is no longer complete and is redone
+    (tmp_path / "r" / "a" / "one.txt").write_text("tampered")
+    assert not again.complete("a/one.txt")
+    assert again.produce("a/one.txt", "test", write_file) and (tmp_path / "r" / "a" / "one.txt").read_text() == "hello"
+    with pytest.raises(ValueError, match="different config"):
+        again.write_config({"cycles": 3})
+    with pytest.raises(ValueError, match="inputs not in the manifest"):
+        again.produce("b.txt", "x", write_file, inputs=["nope"])
+    assert not (tmp_path / "r" / "b.txt").exists()
+
+
+def test_a_crash_mid_write_leaves_nothing(tmp_path):
+    run = RunDir(tmp_path)
+
+    def crash(p):
+        p.write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run.produce("x.txt", "test", crash)
+    assert not (tmp_path / "x.txt").exists() and not run.complete("x.txt")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
