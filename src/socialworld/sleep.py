@@ -49,6 +49,7 @@ from .world import World
 
 PAIR_SCHEMA = "pair-v1"
 GOOD_SOURCES = ("direct", "fused")
+EVIDENCE_KEYS = ("U", "A_e", "S_npc", "D")
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class Pair(BaseModel):
     evidence: dict[str, str]
     """source of each of the episode's metrics (U, A_e, S_npc, D)"""
     template_key: str
+    snapshot: str | None = None
+    """action track: the world just before the step (``World.snapshot_json``), for GRPO rewards"""
 
 
 @dataclass
@@ -189,8 +192,8 @@ def _pair_id(*parts: object) -> str:
 def _evidence(ep: EpisodeRecord) -> dict[str, str]:
     m = ep.metrics
     if m is None:
-        return {k: "missing" for k in ("U", "A_e", "S_npc", "D")}
-    return {k: (getattr(m, k).source if getattr(m, k).value is not None else "missing") for k in ("U", "A_e", "S_npc", "D")}
+        return {k: "missing" for k in EVIDENCE_KEYS}
+    return {k: (getattr(m, k).source if getattr(m, k).value is not None else "missing") for k in EVIDENCE_KEYS}
 
 
 def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report: GatingReport) -> list[Pair]:
@@ -226,6 +229,7 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
             chosen=_assistant(chosen), rejected=_assistant(rejected), chosen_value=fmean(values[best.key]),
             rejected_value=fmean(rej_returns), quality=quality, provenance=cfg.provenance, evidence=_evidence(ep),
             template_key=f"{ep.scenario_id}:{best.kind}>{taken.kind if taken else 'unparseable'}",
+            snapshot=w.snapshot_json(),
         ))
     return pairs
 
@@ -322,14 +326,12 @@ def write_pairs(path: str | Path, pairs: Sequence[Pair]) -> None:
         ("tier", pa.string()), ("seed", pa.int64()), ("step", pa.int64()), ("episode_id", pa.string()),
         ("prompt", msg), ("chosen", msg), ("rejected", msg), ("chosen_value", pa.float64()),
         ("rejected_value", pa.float64()), ("quality", pa.float64()), ("provenance", pa.string()),
-        ("evidence", pa.map_(pa.string(), pa.string())), ("template_key", pa.string()),
+        ("evidence", pa.struct([(k, pa.string()) for k in EVIDENCE_KEYS])), ("template_key", pa.string()), ("snapshot", pa.string()),
     ])
-    for r in rows:
-        r["evidence"] = list(r["evidence"].items())
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(path))
 
 
 def read_pairs(path: str | Path) -> list[Pair]:
     rows = pq.read_table(str(path)).to_pylist()
-    return [Pair(**{**r, "evidence": dict(r["evidence"])}) for r in rows]
+    return [Pair(**r) for r in rows]
 

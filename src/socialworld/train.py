@@ -1,0 +1,166 @@
+"""Training (DESIGN §8) with TRL and PEFT — no hand-written loop.
+
+* ``dpo`` — ``DPOTrainer`` on preference pairs (TRL's conversational format, as
+  :mod:`socialworld.sleep` writes them);
+* ``sft`` — ``SFTTrainer`` on the chosen side only (prompt-completion: behaviour cloning);
+* ``grpo`` — ``GRPOTrainer`` whose reward restores the step's world snapshot and returns the
+  simulator's reward for the completion's action (:func:`simulator_reward`; an unparseable or
+  illegal completion gets the world's own penalty).
+
+Each call trains one LoRA adapter (one per track) and saves it in PEFT format. CPU-safe
+defaults: fp32, ``use_cpu`` when no GPU is present, no checkpoints mid-run, no reporting
+integrations. A resumed adapter is loaded trainable (``is_trainable=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from .lm.prompts import parse_output
+from .sleep import Pair
+from .spec import ScenarioSpec
+from .visibility import observe
+from .world import World
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    method: Literal["dpo", "sft", "grpo"] = field(default="dpo", metadata={"help": "TRL trainer: dpo, sft or grpo"})
+    steps: int = field(default=30, metadata={"help": "optimizer steps"})
+    batch_size: int = field(default=4, metadata={"help": "pairs (or GRPO prompts x generations) per step"})
+    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate of the LoRA weights"})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
+    target_modules: tuple[str, ...] = field(default=("q_proj", "k_proj", "v_proj", "o_proj"),
+                                            metadata={"help": "modules that get LoRA weights"})
+    beta: float = field(default=0.1, metadata={"help": "DPO/GRPO KL strength"})
+    max_length: int = field(default=768, metadata={"help": "truncate prompt+completion to this many tokens"})
+    num_generations: int = field(default=4, metadata={"help": "GRPO: completions per prompt"})
+    max_completion_length: int = field(default=48, metadata={"help": "GRPO: tokens per sampled completion"})
+    seed: int = field(default=0, metadata={"help": "trainer seed"})
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    method: str
+    steps: int
+    losses: list[float]
+    seconds: float
+    adapter: str
+
+
+def _rows(pairs: Sequence[Pair], method: str) -> list[dict[str, Any]]:
+    if method == "dpo":
+        return [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs]
+    if method == "sft":
+        return [{"prompt": p.prompt, "completion": p.chosen} for p in pairs]
+    raise ValueError(method)
+
+
+def _args(cfg: TrainConfig, out: Path, config_cls: Any, **extra: Any) -> Any:
+    import torch
+
+    return config_cls(
+        output_dir=str(out / "trainer"), max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate, logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed,
+        data_seed=cfg.seed, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
+        dataloader_num_workers=0, disable_tqdm=True, **extra,
+    )
+
+
+def load_trainable(base_path: str | Path, adapter: str | Path | None = None) -> tuple[Any, Any]:
+    """Base model (fp32) and tokenizer; with ``adapter``, that PEFT adapter loaded *trainable*."""
+    from .lm.models import load_hf
+
+    model, tok = load_hf(base_path, dtype="float32")
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    return model, tok
+
+
+def _dataset(pairs: Sequence[Pair] | str | Path, method: str) -> Any:
+    """Pairs as a ``datasets.Dataset``: a pairs Parquet file is loaded as it is (TRL's
+    conversational columns, metadata columns dropped), or built from :class:`Pair` objects."""
+    from datasets import Dataset
+
+    if isinstance(pairs, (str, Path)):
+        ds = Dataset.from_parquet(str(pairs))
+        if method == "sft":
+            return ds.select_columns(["prompt", "chosen"]).rename_column("chosen", "completion")
+        return ds.select_columns(["prompt", "chosen", "rejected"])
+    return Dataset.from_list(_rows(pairs, method))
+
+
+def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path = (),
+                  grpo_rows: Sequence[dict[str, Any]] = (), specs: dict[str, ScenarioSpec] | None = None,
+                  resume_from: str | Path | None = None) -> TrainResult:
+    """Train one LoRA adapter and save it (PEFT format) to ``out_dir``. ``pairs``: Pair objects
+    or a pairs Parquet file (dpo, sft); ``grpo_rows``: prompts with world snapshots (grpo)."""
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    out = Path(out_dir)
+    model, tok = load_trainable(base_path, resume_from)
+    peft_config = None if resume_from is not None else LoraConfig(
+        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=list(cfg.target_modules),
+        task_type="CAUSAL_LM")
+    t0 = time.perf_counter()
+    if cfg.method == "dpo":
+        from trl import DPOConfig, DPOTrainer
+
+        trainer = DPOTrainer(model=model, args=_args(cfg, out, DPOConfig, beta=cfg.beta, max_length=cfg.max_length),
+                             train_dataset=_dataset(pairs, "dpo"), processing_class=tok,
+                             peft_config=peft_config)
+    elif cfg.method == "sft":
+        from trl import SFTConfig, SFTTrainer
+
+        trainer = SFTTrainer(model=model, args=_args(cfg, out, SFTConfig, max_length=cfg.max_length),
+                             train_dataset=_dataset(pairs, "sft"), processing_class=tok,
+                             peft_config=peft_config)
+    elif cfg.method == "grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        if specs is None:
+            raise ValueError("grpo needs the scenario specs to restore snapshots")
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=[simulator_reward(specs)], processing_class=tok,
+            args=_args(cfg, out, GRPOConfig, beta=cfg.beta, num_generations=cfg.num_generations,
+                       max_completion_length=cfg.max_completion_length, temperature=1.0),
+            train_dataset=Dataset.from_list(list(grpo_rows)), peft_config=peft_config)
+    else:
+        raise ValueError(f"unknown training method {cfg.method!r}")
+    trainer.train()
+    losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
+    trainer.save_model(str(out))
+    (out / "socialworld-train.json").write_text(json.dumps({"config": asdict(cfg), "losses": losses}, indent=1))
+    return TrainResult(cfg.method, trainer.state.global_step, losses, time.perf_counter() - t0, str(out))
+
+
+def simulator_reward(specs: dict[str, ScenarioSpec]):
+    """GRPO reward: for each completion, restore the row's world ``snapshot``, parse the
+    completion strictly, step the world once and return the step reward (the world applies the
+    penalty to unparseable or illegal output, which it executes as ``wait``)."""
+
+    def reward(prompts: list, completions: list, snapshot: list[str], scenario_id: list[str], **_: Any) -> list[float]:
+        out = []
+        for comp, snap, sid in zip(completions, snapshot, scenario_id):
+            text = comp[-1]["content"] if isinstance(comp, list) else str(comp)
+            w = World.restore(snap, specs[sid])
+            action, _belief, error = parse_output(text, observe(w.spec, w.pub))
+            out.append(float(w.step(action, parse_error=error).reward))
+        return out
+
+    reward.__name__ = "simulator_reward"
+    return reward
+
+
+def grpo_rows(pairs: Sequence[Pair]) -> list[dict[str, Any]]:
+    """GRPO prompts from the action track's states: the prompt plus the world snapshot there."""
+    return [{"prompt": p.prompt, "snapshot": p.snapshot, "scenario_id": p.scenario_id}
+            for p in pairs if p.track == "action" and p.snapshot is not None]

@@ -1,0 +1,62 @@
+"""Training with TRL + PEFT on a tiny in-process model: adapters train, save, reload trainable."""
+
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+pytestmark = pytest.mark.slow  # ~35 s of TRL training on 2 cores: run by CI's `pytest -m slow`
+
+from socialworld.policies import make_policy  # noqa: E402
+from socialworld.runner import EpisodeJob, run_episodes  # noqa: E402
+from socialworld.sleep import GatingReport, SleepConfig, action_pairs  # noqa: E402
+from socialworld.testing import tiny_lm  # noqa: E402
+from socialworld.train import TrainConfig, grpo_rows, simulator_reward, train_adapter  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tiny_lm(tmp_path_factory.mktemp("tiny-lm"))
+
+
+@pytest.fixture(scope="module")
+def pairs(specs):
+    lunch = specs["team_lunch-v1"]
+    ep = run_episodes(make_policy("random", seed=3), [EpisodeJob(lunch, 11)])[0]
+    ps = action_pairs(lunch, ep, SleepConfig(rollouts=1, horizon=4, max_candidates=6), GatingReport())
+    assert len(ps) >= 4
+    return ps
+
+
+def _lora_b(path):
+    from safetensors.torch import load_file
+
+    return {k: v for k, v in load_file(str(path / "adapter_model.safetensors")).items() if "lora_B" in k}
+
+
+def test_dpo_trains_saves_and_resumes_trainable(tiny_dir, pairs, tmp_path):
+    from socialworld.sleep import write_pairs
+
+    cfg = TrainConfig(method="dpo", steps=2, batch_size=2, learning_rate=1e-2, max_length=512)
+    write_pairs(tmp_path / "pairs.parquet", pairs)
+    first = train_adapter(tiny_dir, tmp_path / "a1", cfg, pairs=tmp_path / "pairs.parquet")  # the Parquet file as it is
+    assert first.steps == 2 and len(first.losses) == 2
+    w1 = _lora_b(tmp_path / "a1")
+    assert w1 and any(v.abs().sum() > 0 for v in w1.values())  # LoRA B starts at zero: it moved
+    second = train_adapter(tiny_dir, tmp_path / "a2", cfg, pairs=pairs, resume_from=tmp_path / "a1")
+    w2 = _lora_b(tmp_path / "a2")
+    assert second.steps == 2 and any((w2[k] - w1[k]).abs().sum() > 0 for k in w1)  # the resumed adapter trained
+
+
+def test_sft_and_grpo_with_the_simulator_reward(specs, tiny_dir, pairs, tmp_path):
+    sft = train_adapter(tiny_dir, tmp_path / "sft", TrainConfig(method="sft", steps=1, batch_size=2), pairs=pairs)
+    assert sft.steps == 1 and (tmp_path / "sft" / "adapter_config.json").exists()
+    rows = grpo_rows(pairs)
+    reward = simulator_reward(specs)
+    good = [{"role": "assistant", "content": "ACTION: wait()\nSAY: one moment"}]
+    got = reward([rows[0]["prompt"]] * 2, [good, [{"role": "assistant", "content": "nonsense"}]],
+                 snapshot=[rows[0]["snapshot"]] * 2, scenario_id=[rows[0]["scenario_id"]] * 2)
+    assert got[1] < got[0]  # unparseable output gets the penalty
+    grpo = train_adapter(tiny_dir, tmp_path / "grpo", TrainConfig(method="grpo", steps=1, batch_size=2, num_generations=2,
+                                                                  max_completion_length=8),
+                         grpo_rows=rows[:2], specs=specs)
+    assert grpo.steps == 1 and (tmp_path / "grpo" / "adapter_model.safetensors").exists()
