@@ -279,3 +279,31 @@ def test_belief_focus_and_running_estimate(specs):
     got = merge(old, new)
     assert got.preferences == {"alice": {"restaurant": "thai", "time": "t1230"}, "ben": {"time": "t1200"}}
     assert got.moods == {"alice": "high"} and merge(old, None) is old and merge(None, new) is new
+
+
+def test_mixed_adapter_batches(specs, tiny_dir, tmp_path):
+    """Each row decodes its choice under one LoRA adapter and its free text under another, in
+    one batch; with the same adapter everywhere it equals that adapter set as the active one."""
+    import torch
+
+    peft = pytest.importorskip("peft")
+    cfg = peft.LoraConfig(r=4, lora_alpha=512, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
+    for name, seed in (("a", 1), ("b", 2)):
+        torch.manual_seed(seed)
+        peft.get_peft_model(load_hf(tiny_dir, dtype="float32")[0], cfg).save_pretrained(tmp_path / name)
+    base, tok = load_hf(tiny_dir, dtype="float32")
+    model = peft.PeftModel.from_pretrained(base, str(tmp_path / "a"), adapter_name="a")
+    model.load_adapter(str(tmp_path / "b"), adapter_name="b")
+    model.eval()
+    prompts = HFBackend(model, tok, name="t").prompts([build_messages(_obs(specs, sid)) for sid in list(specs)[:4]])
+
+    def prog(x, y):
+        return [Forced("X:"), Choice("c", ("alpha", "beta", "gamma"), adapter=x), Forced(" say:"), Free("s", 6, adapter=y)]
+
+    mixed = decode(model, tok, prompts, [prog("a", "b")] * 4, batch_size=4)
+    assert [r.text for r in mixed] == [r.text for r in decode(model, tok, prompts, [prog("a", "b")] * 4, batch_size=1)]
+    same = decode(model, tok, prompts, [prog("a", "a")] * 4, batch_size=4)
+    model.set_adapter("a")
+    assert [r.text for r in same] == [r.text for r in decode(model, tok, prompts, [prog(None, None)] * 4, batch_size=4)]
+    assert [r.values["c"] for r in mixed] == [r.values["c"] for r in same]  # the choice ran under "a" in both
+    assert [r.values["s"] for r in mixed] != [r.values["s"] for r in same]  # the free text under "b" differs

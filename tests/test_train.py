@@ -60,3 +60,19 @@ def test_sft_and_grpo_with_the_simulator_reward(specs, tiny_dir, pairs, tmp_path
                                                                   max_completion_length=8),
                          grpo_rows=rows[:2], specs=specs)
     assert grpo.steps == 1 and (tmp_path / "grpo" / "adapter_model.safetensors").exists()
+
+
+def test_deployed_policy_records_both_adapters(specs, tiny_dir, pairs, tmp_path):
+    from socialworld.lm import make_lm_policy
+
+    cfg = TrainConfig(method="sft", steps=1, batch_size=2)
+    for track in ("action", "dialogue"):
+        train_adapter(tiny_dir, tmp_path / track, cfg, pairs=pairs)
+    pol = make_lm_policy(str(tiny_dir), dtype="float32", batch_size=4,
+                         adapters={"action": str(tmp_path / "action"), "dialogue": str(tmp_path / "dialogue")})
+    ep = run_episodes(pol, [EpisodeJob(specs["team_lunch-v1"], 3)])[0]
+    h = ep.steps[0].policy.adapter_hash
+    assert h.startswith("action=") and ";dialogue=" in h and all(s.policy.adapter_hash == h for s in ep.steps)
+    assert all(s.action.parse_status == "ok" for s in ep.steps)
+    with pytest.raises(ValueError, match="action and dialogue"):
+        make_lm_policy(str(tiny_dir), dtype="float32", adapters={"x": str(tmp_path / "action")})

@@ -6,10 +6,11 @@ from .models import ModelSpec, parse_model_spec
 
 
 def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16, dtype: str = "auto",
-                   decoding: str = "auto"):
-    """Build an :class:`~socialworld.lm.policy.LMPolicy` from a model spec string."""
+                   decoding: str = "auto", adapters: dict[str, str] | None = None):
+    """Build an :class:`~socialworld.lm.policy.LMPolicy` from a model spec string; ``adapters``
+    ``{"action": path, "dialogue": path}`` deploys trained LoRA adapters on a local model."""
     from .backends import HFBackend, OpenAIBackend
-    from .models import bundled_path, load_hf
+    from .models import bundled_path, load_with_adapters
     from .policy import LMPolicy
 
     ms = parse_model_spec(spec)
@@ -20,9 +21,13 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
                         decoding="free")
     if ms.kind in ("bundled", "hf"):
         path = bundled_path() if ms.kind == "bundled" else ms.name
-        model, tok = load_hf(path, dtype=dtype)
+        model, tok, digest = load_with_adapters(path, adapters or {}, dtype=dtype)
         backend = HFBackend(model, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=batch_size)
-        return LMPolicy(backend, base_model=ms.display, decoding="constrained" if decoding == "auto" else decoding)
+        tracks = (("action", "dialogue") if set(adapters or {}) == {"action", "dialogue"} else None)
+        if adapters and tracks is None:
+            raise ValueError(f"adapters must be named action and dialogue, got {sorted(adapters)}")
+        return LMPolicy(backend, base_model=ms.display, decoding="constrained" if decoding == "auto" else decoding,
+                        adapter_hash=digest, adapters=tracks)
     raise ValueError(f"{spec!r} is a scripted policy, not a language model")
 
 

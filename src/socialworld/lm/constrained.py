@@ -15,6 +15,10 @@ follow it* (right-padded, masked), so the number of forward passes is the number
 choices, not the number of output tokens. Rows that finish early stop growing. Positions are
 explicit, so mid-sequence padding changes nothing: decoding a row alone or in a batch picks
 the same tokens (up to float rounding; tested).
+
+Segments may name a PEFT adapter: each forward pass then runs every row under the adapter of
+the segment that will read its logits (PEFT's mixed-adapter batches, ``adapter_names=``), so one
+batch can decode an action with the action adapter and an utterance with the dialogue adapter.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class Forced:
 class Choice:
     name: str
     options: tuple[str, ...]
+    adapter: str | None = None
+    """PEFT adapter that produces this choice's logits (None: the model as it is)"""
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class Free:
     name: str
     max_tokens: int
     stop: str = "\n"
+    adapter: str | None = None
 
 
 Segment = Union[Forced, Choice, Free]
@@ -199,21 +206,23 @@ class PrefixCache:
 
     def __init__(self, max_entries: int = 32):
         self.max_entries = max_entries
-        self._kv: OrderedDict[tuple[int, ...], list[tuple[Any, Any]]] = OrderedDict()
+        self._kv: OrderedDict[tuple[str | None, tuple[int, ...]], list[tuple[Any, Any]]] = OrderedDict()
         self.hits = self.misses = 0
 
-    def get(self, model: Any, ids: tuple[int, ...]) -> list[tuple[Any, Any]]:
+    def get(self, model: Any, ids: tuple[int, ...], adapter: str | None = None) -> list[tuple[Any, Any]]:
         import torch
 
-        if ids in self._kv:
+        key = (adapter, ids)
+        if key in self._kv:
             self.hits += 1
-            self._kv.move_to_end(ids)
-            return self._kv[ids]
+            self._kv.move_to_end(key)
+            return self._kv[key]
         self.misses += 1
         with torch.inference_mode():
-            out = model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1)
+            out = model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1,
+                        **({"adapter_names": [adapter]} if adapter else {}))
         kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        self._kv[ids] = kv
+        self._kv[key] = kv
         if len(self._kv) > self.max_entries:
             self._kv.popitem(last=False)
         return kv
@@ -316,16 +325,22 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
         N = max(len(p) for p in pre)
         cache = _Cache(model, B, N + max(len(e) - len(p) for e, p in zip(enc, pre))
                        + 3 * max(_completion_bound(r) for r in rows) // 2 + 16)  # rows drift apart: headroom
+        mixed = any(getattr(seg, "adapter", None) for r in rows for seg in r.program)
+
+        def adapter(r: _Row) -> str:
+            return (getattr(r.program[r.seg], "adapter", None) if r.seg < len(r.program) else None) or "__base__"
+
+        first = [adapter(r) if mixed else None for r in rows]
         if N:
-            kvs = {p: prefix_cache.get(model, p) for p in set(pre) if p}
+            kvs = {(a, p): prefix_cache.get(model, p, a) for a, p in zip(first, pre) if p}
             layers = []
             for li, (k0, v0) in enumerate(next(iter(kvs.values()))):
                 k = k0.new_zeros((B, k0.shape[1], N, k0.shape[3]))
                 v = v0.new_zeros((B, v0.shape[1], N, v0.shape[3]))
                 for b, p in enumerate(pre):
                     if p:
-                        k[b, :, : len(p)] = kvs[p][li][0][0]
-                        v[b, :, : len(p)] = kvs[p][li][1][0]
+                        k[b, :, : len(p)] = kvs[(first[b], p)][li][0][0]
+                        v[b, :, : len(p)] = kvs[(first[b], p)][li][1][0]
                 layers.append((k, v))
             cache.fill(layers, [len(p) for p in pre])
         next_pos = torch.tensor([len(p) for p in pre], dtype=torch.long)
@@ -346,7 +361,8 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
             cache.used += width
             keep = sorted({n_b - 1 for n_b in lens if n_b})  # only the positions whose logits are read
             o = model(input_ids=ids, attention_mask=cache.mask, position_ids=pos, past_key_values=cache.kv,
-                      use_cache=True, logits_to_keep=torch.tensor(keep))
+                      use_cache=True, logits_to_keep=torch.tensor(keep),
+                      **({"adapter_names": [adapter(r) for r in rows]} if mixed else {}))
             next_pos += torch.tensor(lens)
             for b, r in enumerate(rows):
                 if lens[b]:

@@ -134,3 +134,23 @@ def load_hf(name_or_path: str | Path, dtype: str = "auto"):
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=getattr(torch, dtype))
     model.eval()
     return model, tok
+
+
+def load_with_adapters(name_or_path: str | Path, adapters: dict[str, str | Path], dtype: str = "auto"):
+    """A base model with named PEFT adapters loaded for inference (e.g. ``{"action": ...,
+    "dialogue": ...}``); decoding picks one per segment (see :mod:`socialworld.lm.constrained`).
+    Returns (model, tokenizer, adapter_hash) where adapter_hash names each adapter's sha256."""
+    model, tok = load_hf(name_or_path, dtype=dtype)
+    if not adapters:
+        return model, tok, None
+    from peft import PeftModel
+
+    from ..rundir import sha256_path
+
+    (first, path), *rest = adapters.items()
+    model = PeftModel.from_pretrained(model, str(path), adapter_name=first)
+    for name, p in rest:
+        model.load_adapter(str(p), adapter_name=name)
+    model.eval()
+    digest = ";".join(f"{name}={sha256_path(Path(p))[:16]}" for name, p in adapters.items())
+    return model, tok, digest

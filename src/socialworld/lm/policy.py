@@ -34,7 +34,7 @@ def focus(obs: Observation) -> str | None:
     return present[obs.step % len(present)]
 
 
-def program(obs: Observation, say_tokens: int) -> list[Segment]:
+def program(obs: Observation, say_tokens: int, adapters: tuple[str, str] | None = None) -> list[Segment]:
     """The reply grammar of ``policy-v2`` for constrained decoding: a BELIEF about the
     :func:`focus` NPC (preferred option on every decision it has a say on, and its mood bucket),
     one ACTION from :func:`~socialworld.visibility.legal_actions`, and a free one-line SAY.
@@ -42,17 +42,19 @@ def program(obs: Observation, say_tokens: int) -> list[Segment]:
     One NPC per step, not all: each belief item costs a sequential forward pass, and re-stating
     every NPC every step made the bundled model ~2x slower (see docs/design.md). The policy keeps
     its latest statement per item, so its stated estimate still covers every NPC it has
-    re-estimated."""
+    re-estimated. ``adapters`` = (action adapter, dialogue adapter): the belief and action are
+    decoded under the first, the utterance under the second."""
+    act, talk = adapters or (None, None)
     segs: list[Segment] = [Forced("BELIEF:")]
     npc = focus(obs)
     if npc is not None:
         segs.append(Forced(" " + npc))
         for s in obs.slots:
             if npc in s.stakeholders:
-                segs += [Forced(f" {s.id}="), Choice(f"pref:{npc}:{s.id}", tuple(o.id for o in s.options))]
-        segs += [Forced(" mood="), Choice(f"mood:{npc}", MOOD_BUCKETS)]
-    segs += [Forced("\nACTION:"), Choice("action", tuple(" " + a.key for a in legal_actions(obs))),
-             Forced("\nSAY:"), Free("say", say_tokens)]
+                segs += [Forced(f" {s.id}="), Choice(f"pref:{npc}:{s.id}", tuple(o.id for o in s.options), act)]
+        segs += [Forced(" mood="), Choice(f"mood:{npc}", MOOD_BUCKETS, act)]
+    segs += [Forced("\nACTION:"), Choice("action", tuple(" " + a.key for a in legal_actions(obs)), act),
+             Forced("\nSAY:"), Free("say", say_tokens, adapter=talk)]
     return segs
 
 
@@ -69,7 +71,7 @@ def merge(old: MentalState | None, new: MentalState | None) -> MentalState | Non
 class LMPolicy:
     def __init__(self, backend: Backend, prompt_version: str = POLICY_PROMPT_VERSION, base_model: str | None = None,
                  adapter_hash: str | None = None, decoding: Literal["free", "constrained"] = "free",
-                 say_tokens: int = 8):
+                 say_tokens: int = 8, adapters: tuple[str, str] | None = None):
         if decoding == "constrained" and not hasattr(backend, "constrained"):
             raise ValueError(f"backend {backend.name} cannot decode under a grammar; use decoding='free'")
         self.backend = backend
@@ -79,6 +81,7 @@ class LMPolicy:
         self.adapter_hash = adapter_hash
         self.decoding = decoding
         self.say_tokens = say_tokens
+        self.adapters = adapters
         self._estimates: dict[str, MentalState | None] = {}
 
     def info(self) -> PolicyRec:
@@ -93,7 +96,7 @@ class LMPolicy:
     def act(self, episode_keys: Sequence[str], observations: Sequence[Observation]) -> list[Decision]:
         convs = [build_messages(o, self.prompt_version) for o in observations]
         if self.decoding == "constrained":
-            progs = [program(o, self.say_tokens) for o in observations]
+            progs = [program(o, self.say_tokens, self.adapters) for o in observations]
             comps: list[Completion] = self.backend.constrained(convs, progs)  # type: ignore[attr-defined]
         else:
             comps = self.backend.complete(convs)
