@@ -74,5 +74,5 @@ def test_deployed_policy_records_both_adapters(specs, tiny_dir, pairs, tmp_path)
     h = ep.steps[0].policy.adapter_hash
     assert h.startswith("action=") and ";dialogue=" in h and all(s.policy.adapter_hash == h for s in ep.steps)
     assert all(s.action.parse_status == "ok" for s in ep.steps)
-    with pytest.raises(ValueError, match="action and dialogue"):
+    with pytest.raises(ValueError, match="action and/or dialogue"):
         make_lm_policy(str(tiny_dir), dtype="float32", adapters={"x": str(tmp_path / "action")})

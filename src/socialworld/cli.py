@@ -21,6 +21,12 @@ console = Console()
 H = lambda name: help_for(EvalConfig, name)  # noqa: E731
 
 
+def _LoopConfig():  # the loop's config type, imported lazily (it pulls in the LM stack's modules)
+    from .loop import LoopConfig
+
+    return LoopConfig
+
+
 def _fail(msg: str) -> None:
     Console(stderr=True).print(f"[red]error:[/red] {msg}")
     raise typer.Exit(2)
@@ -122,6 +128,47 @@ def check(
         bad += not r.ok
     if bad:
         raise typer.Exit(1)
+
+
+@app.command("loop")
+def loop_cmd(
+    cycles: int = typer.Option(1, help=help_for(_LoopConfig(), "cycles")),
+    tiers: Optional[list[str]] = typer.Option(None, "--tiers", help=help_for(_LoopConfig(), "tiers") + " [default: L0]"),
+    model: str = typer.Option("bundled", help=help_for(_LoopConfig(), "model")),
+    out: str = typer.Option("runs/loop", help=help_for(_LoopConfig(), "out")),
+    train_episodes: int = typer.Option(4, help=help_for(_LoopConfig(), "train_episodes")),
+    eval_episodes: int = typer.Option(3, help=help_for(_LoopConfig(), "eval_episodes")),
+    seed: int = typer.Option(0, help=help_for(_LoopConfig(), "seed")),
+    method: str = typer.Option("dpo", help="TRL trainer per track: dpo or sft"),
+    steps: int = typer.Option(20, help="optimizer steps per track per cycle"),
+    gating: str = typer.Option("strict", help="provenance gating: strict or off (ablation)"),
+) -> None:
+    """Wake-sleep-deploy: roll out on training seeds, build and gate counterfactual pairs, train
+    one LoRA adapter per track with TRL, deploy and evaluate; resumable in --out."""
+    from dataclasses import replace
+
+    from .loop import LoopConfig, run_loop
+    from .sleep import SleepConfig
+    from .train import TrainConfig
+
+    tiers = [t for x in (tiers or ["L0"]) for t in x.split(",") if t]
+    cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), train_episodes=train_episodes,
+                     eval_episodes=eval_episodes, seed=seed, sleep=replace(SleepConfig(), gating=gating),  # type: ignore[arg-type]
+                     train=TrainConfig(method=method, steps=steps))  # type: ignore[arg-type]
+    try:
+        summaries = run_loop(cfg, log=console.print)
+    except (ScenarioError, ValueError, OSError, RuntimeError) as err:
+        _fail(str(err))
+        return
+    t = Table(title=f"loop: {out}")
+    for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "D", "CR"):
+        t.add_column(c, justify="right")
+    for s in summaries:
+        loss = {k: "-" if v is None else f"{v:.3f}" for k, v in s["final_loss"].items()}
+        t.add_row(str(s["cycle"]), str(s["pairs"].get("action", 0)), str(s["pairs"].get("dialogue", 0)),
+                  str(sum(s["excluded"].values())), loss.get("action", "-"), loss.get("dialogue", "-"),
+                  f"{s['eval']['pass_rate']:.2f}", f"{s['eval']['D']:.2f}", f"{s['eval']['CR']:.2f}")
+    console.print(t)
 
 
 @app.command("serve")

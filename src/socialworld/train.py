@@ -15,6 +15,8 @@ integrations. A resumed adapter is loaded trainable (``is_trainable=True``).
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -65,7 +67,7 @@ def _args(cfg: TrainConfig, out: Path, config_cls: Any, **extra: Any) -> Any:
     import torch
 
     return config_cls(
-        output_dir=str(out / "trainer"), max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
+        output_dir=str(out), max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate, logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed,
         data_seed=cfg.seed, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
         dataloader_num_workers=0, disable_tqdm=True, **extra,
@@ -106,6 +108,7 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
     from peft import LoraConfig
 
     out = Path(out_dir)
+    scratch = Path(tempfile.mkdtemp(prefix="socialworld-trainer-"))  # the Trainer's own output_dir
     model, tok = load_trainable(base_path, resume_from)
     peft_config = None if resume_from is not None else LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=list(cfg.target_modules),
@@ -114,13 +117,13 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
     if cfg.method == "dpo":
         from trl import DPOConfig, DPOTrainer
 
-        trainer = DPOTrainer(model=model, args=_args(cfg, out, DPOConfig, beta=cfg.beta, max_length=cfg.max_length),
+        trainer = DPOTrainer(model=model, args=_args(cfg, scratch, DPOConfig, beta=cfg.beta, max_length=cfg.max_length),
                              train_dataset=_dataset(pairs, "dpo"), processing_class=tok,
                              peft_config=peft_config)
     elif cfg.method == "sft":
         from trl import SFTConfig, SFTTrainer
 
-        trainer = SFTTrainer(model=model, args=_args(cfg, out, SFTConfig, max_length=cfg.max_length),
+        trainer = SFTTrainer(model=model, args=_args(cfg, scratch, SFTConfig, max_length=cfg.max_length),
                              train_dataset=_dataset(pairs, "sft"), processing_class=tok,
                              peft_config=peft_config)
     elif cfg.method == "grpo":
@@ -130,14 +133,18 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
             raise ValueError("grpo needs the scenario specs to restore snapshots")
         trainer = GRPOTrainer(
             model=model, reward_funcs=[simulator_reward(specs)], processing_class=tok,
-            args=_args(cfg, out, GRPOConfig, beta=cfg.beta, num_generations=cfg.num_generations,
+            args=_args(cfg, scratch, GRPOConfig, beta=cfg.beta, num_generations=cfg.num_generations,
                        max_completion_length=cfg.max_completion_length, temperature=1.0),
             train_dataset=Dataset.from_list(list(grpo_rows)), peft_config=peft_config)
     else:
         raise ValueError(f"unknown training method {cfg.method!r}")
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
-    trainer.save_model(str(out))
+    # the adapter alone (config + weights): no training_args.bin, whose pickled paths differ per run
+    trainer.model.save_pretrained(str(out))
     (out / "socialworld-train.json").write_text(json.dumps({"config": asdict(cfg), "losses": losses}, indent=1))
     return TrainResult(cfg.method, trainer.state.global_step, losses, time.perf_counter() - t0, str(out))
 

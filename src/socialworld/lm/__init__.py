@@ -23,9 +23,10 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
         path = bundled_path() if ms.kind == "bundled" else ms.name
         model, tok, digest = load_with_adapters(path, adapters or {}, dtype=dtype)
         backend = HFBackend(model, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=batch_size)
-        tracks = (("action", "dialogue") if set(adapters or {}) == {"action", "dialogue"} else None)
-        if adapters and tracks is None:
-            raise ValueError(f"adapters must be named action and dialogue, got {sorted(adapters)}")
+        if set(adapters or {}) - {"action", "dialogue"}:
+            raise ValueError(f"adapters must be named action and/or dialogue, got {sorted(adapters or {})}")
+        tracks = (("action" if "action" in adapters else "__base__", "dialogue" if "dialogue" in adapters else "__base__")
+                  if adapters else None)
         return LMPolicy(backend, base_model=ms.display, decoding="constrained" if decoding == "auto" else decoding,
                         adapter_hash=digest, adapters=tracks)
     raise ValueError(f"{spec!r} is a scripted policy, not a language model")

@@ -1,0 +1,76 @@
+"""The wake-sleep-deploy loop on a tiny model: end to end, resumable, same artifacts after a kill."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("trl")
+pytestmark = pytest.mark.slow  # trains LoRA adapters with TRL (~1 min on 2 cores)
+
+from socialworld import loop as loop_mod  # noqa: E402
+from socialworld.loop import LoopConfig, run_loop, train_seeds  # noqa: E402
+from socialworld.evaluate import episode_seeds  # noqa: E402
+from socialworld.sleep import SleepConfig  # noqa: E402
+from socialworld.testing import tiny_lm  # noqa: E402
+from socialworld.train import TrainConfig  # noqa: E402
+
+
+def _cfg(tiny_dir, out):
+    return LoopConfig(out=str(out), model=str(tiny_dir), cycles=2, tiers=("L0",), train_episodes=1, eval_episodes=1,
+                      lm_batch_size=4, sleep=SleepConfig(rollouts=1, horizon=3, max_candidates=4, quality_threshold=0.0),
+                      train=TrainConfig(method="dpo", steps=1, batch_size=2, max_length=512))
+
+
+def test_seeds_are_disjoint():
+    ev = set(episode_seeds(0, "team_lunch-v1", 50))
+    assert all(ev.isdisjoint(train_seeds(0, "team_lunch-v1", c, 50)) for c in (1, 2, 3))
+
+
+def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
+    tiny_dir = tiny_lm(tmp_path / "tiny")
+    logs = []
+    full = run_loop(_cfg(tiny_dir, tmp_path / "a"), log=logs.append)
+    assert [s["cycle"] for s in full] == [1, 2] and all("pass_rate" in s["eval"] for s in full)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())["artifacts"]
+    assert "cycle-2/train/action/adapter" in manifest and "cycle-1/sleep" in manifest
+    steps = [json.loads(line) for line in (tmp_path / "a" / "cycle-2/eval/episodes.jsonl").read_text().splitlines()]
+    assert steps[0]["steps"][0]["policy"]["adapter_hash"].startswith("action=")
+    # resuming a finished run redoes nothing
+    logs.clear()
+    assert run_loop(_cfg(tiny_dir, tmp_path / "a"), log=logs.append) == full
+    assert not any("wake" in m for m in logs)
+    with pytest.raises(ValueError, match="different config"):
+        run_loop(replace(_cfg(tiny_dir, tmp_path / "a"), cycles=3))
+
+    # kill the loop inside cycle 2's training, then resume: same final artifacts
+    real = loop_mod.train_adapter
+    calls = {"n": 0}
+
+    def dying(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(loop_mod, "train_adapter", dying)
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(_cfg(tiny_dir, tmp_path / "b"))
+    monkeypatch.setattr(loop_mod, "train_adapter", real)
+    assert run_loop(_cfg(tiny_dir, tmp_path / "b")) == full
+    again = json.loads((tmp_path / "b" / "manifest.json").read_text())["artifacts"]
+    assert set(again) == set(manifest)
+    # byte-identical except the measured wall-clock latencies inside LM step records
+    for rel in manifest:
+        if rel.endswith(".jsonl"):
+            assert _without_latency(tmp_path / "a" / rel) == _without_latency(tmp_path / "b" / rel), rel
+        else:
+            assert again[rel]["sha256"] == manifest[rel]["sha256"], rel
+
+
+def _without_latency(path):
+    eps = [json.loads(line) for line in path.read_text().splitlines()]
+    for e in eps:
+        for s in e["steps"]:
+            s["policy"]["latency_s"] = 0.0
+    return eps
