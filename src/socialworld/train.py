@@ -107,8 +107,11 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
     from datasets import Dataset
     from peft import LoraConfig
 
+    from transformers import set_seed
+
     out = Path(out_dir)
     scratch = Path(tempfile.mkdtemp(prefix="socialworld-trainer-"))  # the Trainer's own output_dir
+    set_seed(cfg.seed)  # LoRA init draws from torch's RNG before the Trainer seeds it: seed it here
     model, tok = load_trainable(base_path, resume_from)
     peft_config = None if resume_from is not None else LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=list(cfg.target_modules),
