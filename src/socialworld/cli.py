@@ -139,9 +139,13 @@ def loop_cmd(
     train_episodes: int = typer.Option(4, help=help_for(_LoopConfig(), "train_episodes")),
     eval_episodes: int = typer.Option(3, help=help_for(_LoopConfig(), "eval_episodes")),
     seed: int = typer.Option(0, help=help_for(_LoopConfig(), "seed")),
-    method: str = typer.Option("dpo", help="TRL trainer per track: dpo or sft"),
+    method: str = typer.Option("dpo", help="TRL trainer per track: dpo, sft, or grpo (action track only)"),
     steps: int = typer.Option(20, help="optimizer steps per track per cycle"),
     gating: str = typer.Option("strict", help="provenance gating: strict or off (ablation)"),
+    quality_threshold: float = typer.Option(0.5, help="least share of paired rollouts in which chosen beats rejected"),
+    learning_rate: float = typer.Option(1e-4, help="AdamW learning rate of the LoRA weights"),
+    baseline: bool = typer.Option(True, help=help_for(_LoopConfig(), "baseline")),
+    lm_batch_size: int = typer.Option(12, help=help_for(_LoopConfig(), "lm_batch_size")),
 ) -> None:
     """Wake-sleep-deploy: roll out on training seeds, build and gate counterfactual pairs, train
     one LoRA adapter per track with TRL, deploy and evaluate; resumable in --out."""
@@ -153,21 +157,25 @@ def loop_cmd(
 
     tiers = [t for x in (tiers or ["L0"]) for t in x.split(",") if t]
     cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), train_episodes=train_episodes,
-                     eval_episodes=eval_episodes, seed=seed, sleep=replace(SleepConfig(), gating=gating),  # type: ignore[arg-type]
-                     train=TrainConfig(method=method, steps=steps))  # type: ignore[arg-type]
+                     eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size,
+                     sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold),  # type: ignore[arg-type]
+                     train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate))  # type: ignore[arg-type]
     try:
         summaries = run_loop(cfg, log=console.print)
     except (ScenarioError, ValueError, OSError, RuntimeError) as err:
         _fail(str(err))
         return
     t = Table(title=f"loop: {out}")
-    for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "D", "CR"):
+    for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "D", "CR",
+              "pass - untrained", "D - untrained"):
         t.add_column(c, justify="right")
     for s in summaries:
         loss = {k: "-" if v is None else f"{v:.3f}" for k, v in s["final_loss"].items()}
+        vs = {k: f"{v['mean']:+.2f} [{v['lo']:+.2f}, {v['hi']:+.2f}]" for k, v in s.get("vs_baseline", {}).items()}
         t.add_row(str(s["cycle"]), str(s["pairs"].get("action", 0)), str(s["pairs"].get("dialogue", 0)),
                   str(sum(s["excluded"].values())), loss.get("action", "-"), loss.get("dialogue", "-"),
-                  f"{s['eval']['pass_rate']:.2f}", f"{s['eval']['D']:.2f}", f"{s['eval']['CR']:.2f}")
+                  f"{s['eval']['pass_rate']:.2f}", f"{s['eval']['D']:.2f}", f"{s['eval']['CR']:.2f}",
+                  vs.get("pass", "-"), vs.get("D", "-"))
     console.print(t)
 
 

@@ -9,7 +9,8 @@ Per cycle ``c``::
     cycle-c/sleep/gating.json           every exclusion counted by reason
     cycle-c/train/<track>/adapter/      PEFT LoRA adapter per track (resumed from cycle c-1)
     cycle-c/eval/episodes.jsonl         the deployed policy (base + both adapters) on eval seeds
-    cycle-c/summary.json
+    cycle-c/summary.json                with paired-bootstrap differences against cycle 0
+    cycle-0/eval/episodes.jsonl         the untrained policy on the same eval seeds (the baseline)
 
 Every artifact goes through :class:`~socialworld.rundir.RunDir`, so a killed loop resumes from
 its last complete artifact.
@@ -31,9 +32,11 @@ from .rundir import RunDir
 from .runner import EpisodeJob, run_episodes
 from .sleep import GatingReport, SleepConfig, action_pairs, dialogue_pairs, read_pairs, screen_and_gate, write_pairs
 from .spec import resolve_scenarios
-from .train import TrainConfig, train_adapter
+from .stats import paired_difference
+from .train import TrainConfig, grpo_rows, train_adapter
 
 TRACKS = ("action", "dialogue")
+COMPARED = ("pass", "D", "CR", "U", "A_e", "S_npc")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class LoopConfig:
     eval_episodes: int = field(default=3, metadata={"help": "evaluation episodes per scenario (fixed held-out seeds)"})
     seed: int = field(default=0, metadata={"help": "run seed"})
     lm_batch_size: int = field(default=12, metadata={"help": "prompts per forward pass"})
+    baseline: bool = field(default=True, metadata={"help": "evaluate the untrained policy first (cycle 0) and compare each cycle with it"})
     sleep: SleepConfig = field(default_factory=SleepConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(method="dpo", steps=20))
 
@@ -68,6 +72,12 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print) -> list[dict]:
     specs = {s.id: s for s in resolve_scenarios(None, list(cfg.tiers))}
     adapters: dict[str, str] | None = None
     summaries = []
+    eval_jobs = [EpisodeJob(s, seed) for s in specs.values() for seed in episode_seeds(cfg.seed, s.id, cfg.eval_episodes)]
+    if cfg.baseline:
+        run.produce("cycle-0/eval/episodes.jsonl", "eval",
+                    lambda p: write_jsonl(p, run_episodes(_policy(cfg, None), eval_jobs)))
+        m0 = aggregate(read_jsonl(run.path("cycle-0/eval/episodes.jsonl"))).as_dict()
+        log(f"cycle 0 (untrained): eval pass {m0['pass_rate']:.2f} D {m0['D']:.2f} CR {m0['CR']:.2f}")
     for c in range(1, cfg.cycles + 1):
         d = f"cycle-{c}"
         prev = [rel for rel in (str(Path(p).relative_to(run.root)) for p in (adapters or {}).values())]
@@ -101,24 +111,34 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print) -> list[dict]:
             if not read_pairs(pairs_path):  # nothing passed gating: the track keeps its adapter
                 log(f"cycle {c}: no {t} pairs passed gating; the {t} adapter is not retrained")
                 continue
+            if cfg.train.method == "grpo" and t != "action":
+                log(f"cycle {c}: grpo trains the action track only (its reward is the simulator's step return)")
+                continue
             run.produce(rel, f"train:{cfg.train.method}",
                         lambda p, pp=pairs_path, r=trained.get(t): train_adapter(
-                            _base_path(cfg), p, cfg.train, pairs=pp, resume_from=r),
+                            _base_path(cfg), p, cfg.train, resume_from=r,
+                            **({"grpo_rows": grpo_rows(read_pairs(pp)), "specs": specs} if cfg.train.method == "grpo"
+                               else {"pairs": pp})),
                         inputs=[f"{d}/sleep"] + prev)
             losses[t] = json.loads(run.path(f"{rel}/socialworld-train.json").read_text())["losses"]
             trained[t] = str(run.path(rel))
         adapters = trained or None
-        eval_jobs = [EpisodeJob(s, seed) for s in specs.values() for seed in episode_seeds(cfg.seed, s.id, cfg.eval_episodes)]
         run.produce(f"{d}/eval/episodes.jsonl", "eval",
                     lambda p: write_jsonl(p, run_episodes(_policy(cfg, adapters), eval_jobs)),
                     inputs=[str(Path(p).relative_to(run.root)) for p in (adapters or {}).values()])
-        m = aggregate(read_jsonl(run.path(f"{d}/eval/episodes.jsonl"))).as_dict()
+        evaluated = read_jsonl(run.path(f"{d}/eval/episodes.jsonl"))
+        m = aggregate(evaluated).as_dict()
         summary = {"cycle": c, "pairs": gating["kept"], "excluded": gating["excluded"],
                    "final_loss": {t: (v[-1] if v else None) for t, v in losses.items()}, "eval": m}
+        if cfg.baseline:
+            base = read_jsonl(run.path("cycle-0/eval/episodes.jsonl"))
+            summary["vs_baseline"] = {k: paired_difference(base, evaluated, k, seed=cfg.seed).as_dict() for k in COMPARED}
         run.produce(f"{d}/summary.json", "summary",
                     lambda p: atomic_write_text(p, json.dumps(summary, indent=1, sort_keys=True) + "\n"),
                     inputs=[f"{d}/eval/episodes.jsonl"])
         log(f"cycle {c}: eval pass {m['pass_rate']:.2f} D {m['D']:.2f} CR {m['CR']:.2f}")
+        for k, iv in summary.get("vs_baseline", {}).items():
+            log(f"cycle {c}: {k} - untrained = {iv['mean']:+.3f}, 95% paired bootstrap [{iv['lo']:+.3f}, {iv['hi']:+.3f}]")
         summaries.append(summary)
     return summaries
 

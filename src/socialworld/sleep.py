@@ -60,7 +60,7 @@ class SleepConfig:
     max_candidates: int = field(default=12, metadata={"help": "legal alternatives scored per step (besides the taken one)"})
     margin: float = field(default=0.05, metadata={"help": "delta: least value gap between chosen and rejected"})
     quality_threshold: float = field(default=0.5, metadata={"help": "least share of paired rollouts in which chosen beats rejected"})
-    template_cap: int = field(default=6, metadata={"help": "most pairs per template key (scenario, chosen kind, rejected kind)"})
+    template_cap: int = field(default=6, metadata={"help": "most pairs per template key (scenario, chosen action, rejected action)"})
     q_margin: float = field(default=0.05, metadata={"help": "dialogue track: least q_t gap"})
     gating: Literal["strict", "off"] = field(default="strict", metadata={"help": "strict provenance gating, or off (ablation)"})
     seed: int = field(default=0, metadata={"help": "seed of the continuation reseeds"})
@@ -228,7 +228,7 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
             tier=ep.tier, seed=ep.seed, step=t, episode_id=ep.episode_id, prompt=build_messages(obs),
             chosen=_assistant(chosen), rejected=_assistant(rejected), chosen_value=fmean(values[best.key]),
             rejected_value=fmean(rej_returns), quality=quality, provenance=cfg.provenance, evidence=_evidence(ep),
-            template_key=f"{ep.scenario_id}:{best.kind}>{taken.kind if taken else 'unparseable'}",
+            template_key=f"{ep.scenario_id}:{best.key}>{taken.key if taken else 'unparseable'}",
             snapshot=w.snapshot_json(),
         ))
     return pairs
