@@ -43,6 +43,18 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="different config"):
         run_loop(replace(_cfg(tiny_dir, tmp_path / "a"), cycles=3))
 
+    # an ablation on the same data: the untrained policy's artifacts are copied, not re-run
+    variant = replace(_cfg(tiny_dir, tmp_path / "c"), cycles=1, reuse_from=str(tmp_path / "a"),
+                      sleep=replace(_cfg(tiny_dir, "x").sleep, gating="off"))
+    logs.clear()
+    run_loop(variant, log=logs.append)
+    copied = json.loads((tmp_path / "c" / "manifest.json").read_text())["artifacts"]
+    for rel in loop_mod.UNTRAINED:
+        assert copied[rel]["sha256"] == manifest[rel]["sha256"] and copied[rel]["producer"].startswith("copied:")
+    assert not any("wake" in m for m in logs)
+    with pytest.raises(ValueError, match="not the same data"):
+        run_loop(replace(variant, out=str(tmp_path / "d"), seed=1))
+
     # kill the loop inside cycle 2's training, then resume: same final artifacts
     real = loop_mod.train_adapter
 

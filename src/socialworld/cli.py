@@ -146,6 +146,7 @@ def loop_cmd(
     learning_rate: float = typer.Option(1e-4, help="AdamW learning rate of the LoRA weights"),
     baseline: bool = typer.Option(True, help=help_for(_LoopConfig(), "baseline")),
     lm_batch_size: int = typer.Option(12, help=help_for(_LoopConfig(), "lm_batch_size")),
+    reuse_from: str = typer.Option("", help=help_for(_LoopConfig(), "reuse_from")),
 ) -> None:
     """Wake-sleep-deploy: roll out on training seeds, build and gate counterfactual pairs, train
     one LoRA adapter per track with TRL, deploy and evaluate; resumable in --out."""
@@ -157,14 +158,21 @@ def loop_cmd(
 
     tiers = [t for x in (tiers or ["L0"]) for t in x.split(",") if t]
     cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), train_episodes=train_episodes,
-                     eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size,
+                     eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
                      sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold),  # type: ignore[arg-type]
                      train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate))  # type: ignore[arg-type]
-    try:
-        summaries = run_loop(cfg, log=console.print)
-    except (ScenarioError, ValueError, OSError, RuntimeError) as err:
-        _fail(str(err))
-        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bars:
+        def progress(what: str, total: int):
+            task = bars.add_task(what, total=total)
+            return lambda _ep: bars.advance(task)
+
+        try:
+            summaries = run_loop(cfg, log=console.print, progress=progress)
+        except (ScenarioError, ValueError, OSError, RuntimeError) as err:
+            bars.stop()
+            _fail(str(err))
+            return
     t = Table(title=f"loop: {out}")
     for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "D", "CR",
               "pass - untrained", "D - untrained"):

@@ -19,6 +19,7 @@ its last complete artifact.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -26,7 +27,7 @@ from typing import Callable
 from .evaluate import episode_seeds
 from .metrics import aggregate
 from .policies import make_policy
-from .records import atomic_write_text, read_jsonl, write_jsonl
+from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
 from .rng import derive_seed
 from .rundir import RunDir
 from .runner import EpisodeJob, run_episodes
@@ -50,6 +51,8 @@ class LoopConfig:
     seed: int = field(default=0, metadata={"help": "run seed"})
     lm_batch_size: int = field(default=12, metadata={"help": "prompts per forward pass"})
     baseline: bool = field(default=True, metadata={"help": "evaluate the untrained policy first (cycle 0) and compare each cycle with it"})
+    reuse_from: str = field(default="", metadata={"help": "copy the untrained policy's artifacts (cycle-0 eval, cycle-1 wake) from this run "
+                                                       "folder instead of re-running them: ablations on the same data"})
     sleep: SleepConfig = field(default_factory=SleepConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(method="dpo", steps=20))
 
@@ -62,27 +65,61 @@ def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int
     return seeds
 
 
+UNTRAINED = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycle-1/wake/reference.jsonl")
+"""Artifacts made by the untrained policy alone: the same in every run of the same model, seeds and tiers."""
+SAME_DATA_KEYS = ("model", "tiers", "train_episodes", "eval_episodes", "seed")
+
+
+def _reuse(run: RunDir, cfg: LoopConfig) -> None:
+    """Copy :data:`UNTRAINED` artifacts from ``cfg.reuse_from`` (checked complete there, and
+    made under the same model, tiers, episode counts and seed)."""
+    import yaml
+
+    if not Path(cfg.reuse_from, "manifest.json").exists():
+        raise ValueError(f"--reuse-from {cfg.reuse_from}: not a run folder (no manifest.json)")
+    src = RunDir(cfg.reuse_from)
+
+    theirs = yaml.safe_load(src.path("config.yaml").read_text()) if src.path("config.yaml").exists() else {}
+    mine = json.loads(json.dumps(asdict(cfg)))
+    diff = [k for k in SAME_DATA_KEYS if theirs.get(k) != mine[k]]
+    if diff:
+        raise ValueError(f"--reuse-from {cfg.reuse_from}: differs in {diff}, so its artifacts are not the same data")
+    for rel in UNTRAINED:
+        if not src.complete(rel):
+            raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} is missing or incomplete there")
+        run.produce(rel, f"copied:{src.root}@{src.sha(rel)[:12]}", lambda p, r=rel: shutil.copyfile(src.path(r), p))
+
+
 def _policy(cfg: LoopConfig, adapters: dict[str, str] | None):
     return make_policy(cfg.model, batch_size=cfg.lm_batch_size, adapters=adapters)
 
 
-def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print) -> list[dict]:
+Progress = Callable[[str, int], Callable[[EpisodeRecord], None]]
+"""``progress(description, total)`` -> a per-episode callback (the CLI draws bars with it)."""
+
+
+def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> list[dict]:
+    def rollout(policy, jobs: list[EpisodeJob], what: str) -> list[EpisodeRecord]:
+        return run_episodes(policy, jobs, on_episode=progress(what, len(jobs)) if progress else None)
+
     run = RunDir(cfg.out)
     run.write_config(json.loads(json.dumps(asdict(cfg))))
     specs = {s.id: s for s in resolve_scenarios(None, list(cfg.tiers))}
+    if cfg.reuse_from:
+        _reuse(run, cfg)
     adapters: dict[str, str] | None = None
     summaries = []
     eval_jobs = [EpisodeJob(s, seed) for s in specs.values() for seed in episode_seeds(cfg.seed, s.id, cfg.eval_episodes)]
     if cfg.baseline:
         run.produce("cycle-0/eval/episodes.jsonl", "eval",
-                    lambda p: write_jsonl(p, run_episodes(_policy(cfg, None), eval_jobs)))
+                    lambda p: write_jsonl(p, rollout(_policy(cfg, None), eval_jobs, "cycle 0 eval (untrained)")))
         m0 = aggregate(read_jsonl(run.path("cycle-0/eval/episodes.jsonl"))).as_dict()
         log(f"cycle 0 (untrained): eval pass {m0['pass_rate']:.2f} D {m0['D']:.2f} CR {m0['CR']:.2f}")
     for c in range(1, cfg.cycles + 1):
         d = f"cycle-{c}"
         prev = [rel for rel in (str(Path(p).relative_to(run.root)) for p in (adapters or {}).values())]
         jobs = [EpisodeJob(s, seed) for s in specs.values() for seed in train_seeds(cfg.seed, s.id, c, cfg.train_episodes)]
-        if run.produce(f"{d}/wake/episodes.jsonl", "wake", lambda p: write_jsonl(p, run_episodes(_policy(cfg, adapters), jobs)),
+        if run.produce(f"{d}/wake/episodes.jsonl", "wake", lambda p: write_jsonl(p, rollout(_policy(cfg, adapters), jobs, f"cycle {c} wake")),
                        inputs=prev):
             log(f"cycle {c}: wake {len(jobs)} episodes")
         run.produce(f"{d}/wake/reference.jsonl", f"wake:{cfg.sleep.continuation}",
@@ -124,7 +161,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print) -> list[dict]:
             trained[t] = str(run.path(rel))
         adapters = trained or None
         run.produce(f"{d}/eval/episodes.jsonl", "eval",
-                    lambda p: write_jsonl(p, run_episodes(_policy(cfg, adapters), eval_jobs)),
+                    lambda p: write_jsonl(p, rollout(_policy(cfg, adapters), eval_jobs, f"cycle {c} eval")),
                     inputs=[str(Path(p).relative_to(run.root)) for p in (adapters or {}).values()])
         evaluated = read_jsonl(run.path(f"{d}/eval/episodes.jsonl"))
         m = aggregate(evaluated).as_dict()
