@@ -27,6 +27,30 @@ def test_seeds_are_disjoint():
     assert all(ev.isdisjoint(train_seeds(0, "team_lunch-v1", c, 50)) for c in (1, 2, 3))
 
 
+def test_unlocking_schedules():
+    base = LoopConfig(tiers=("L0", "L1", "L2"))
+    assert loop_mod.unlocked_tiers(base, 2, ("L0", "L1", "L2"), []) == ("L0", "L1", "L2")
+    prog = replace(base, unlock="progressive")
+    assert [loop_mod.unlocked_tiers(prog, c, (), []) for c in (1, 2, 3, 4)] == [
+        ("L0",), ("L0", "L1"), ("L0", "L1", "L2"), ("L0", "L1", "L2")]
+    with pytest.raises(ValueError, match="tracks"):
+        LoopConfig(tracks=("actions",))
+
+
+def test_progressive_merged_loop(tmp_path):
+    tiny_dir = tiny_lm(tmp_path / "tiny")
+    cfg = replace(_cfg(tiny_dir, tmp_path / "m"), tiers=("L0", "L1"), unlock="progressive", merged=True, baseline=False)
+    out = run_loop(cfg, log=lambda _: None)
+    assert [s["tiers"] for s in out] == [["L0"], ["L0", "L1"]]
+    assert set(out[1]["by_tier"]) == {"L0", "L1"} and "vs_baseline" not in out[1]
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())["artifacts"]
+    assert "cycle-1/train/merged/adapter" in manifest and not any("/train/action" in k for k in manifest)
+    eps = [json.loads(line) for line in (tmp_path / "m" / "cycle-2/eval/episodes.jsonl").read_text().splitlines()]
+    h = eps[0]["steps"][0]["policy"]["adapter_hash"]
+    action, dialogue = (part.split("=", 1)[1] for part in h.split(";"))
+    assert action == dialogue  # one adapter deployed for both tracks
+
+
 def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
     tiny_dir = tiny_lm(tmp_path / "tiny")
     logs = []

@@ -147,6 +147,9 @@ def loop_cmd(
     baseline: bool = typer.Option(True, help=help_for(_LoopConfig(), "baseline")),
     lm_batch_size: int = typer.Option(12, help=help_for(_LoopConfig(), "lm_batch_size")),
     reuse_from: str = typer.Option("", help=help_for(_LoopConfig(), "reuse_from")),
+    unlock: str = typer.Option("fixed", help=help_for(_LoopConfig(), "unlock")),
+    tracks: str = typer.Option("action,dialogue", help=help_for(_LoopConfig(), "tracks")),
+    merged: bool = typer.Option(False, help=help_for(_LoopConfig(), "merged")),
 ) -> None:
     """Wake-sleep-deploy: roll out on training seeds, build and gate counterfactual pairs, train
     one LoRA adapter per track with TRL, deploy and evaluate; resumable in --out."""
@@ -159,20 +162,10 @@ def loop_cmd(
     tiers = [t for x in (tiers or ["L0"]) for t in x.split(",") if t]
     cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), train_episodes=train_episodes,
                      eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
+                     unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged,  # type: ignore[arg-type]
                      sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold),  # type: ignore[arg-type]
                      train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate))  # type: ignore[arg-type]
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bars:
-        def progress(what: str, total: int):
-            task = bars.add_task(what, total=total)
-            return lambda _ep: bars.advance(task)
-
-        try:
-            summaries = run_loop(cfg, log=console.print, progress=progress)
-        except (ScenarioError, ValueError, OSError, RuntimeError) as err:
-            bars.stop()
-            _fail(str(err))
-            return
+    summaries = _with_bars(lambda progress: run_loop(cfg, log=console.print, progress=progress))
     t = Table(title=f"loop: {out}")
     for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "D", "CR",
               "pass - untrained", "D - untrained"):
@@ -185,6 +178,67 @@ def loop_cmd(
                   f"{s['eval']['pass_rate']:.2f}", f"{s['eval']['D']:.2f}", f"{s['eval']['CR']:.2f}",
                   vs.get("pass", "-"), vs.get("D", "-"))
     console.print(t)
+
+
+def _with_bars(call):
+    """Run ``call(progress)`` under rich progress bars (one per episode batch); clear errors."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bars:
+        def progress(what: str, total: int):
+            task = bars.add_task(what, total=total)
+            return lambda _ep: bars.advance(task)
+
+        try:
+            return call(progress)
+        except (ScenarioError, ValueError, OSError, RuntimeError) as err:
+            bars.stop()
+            _fail(str(err))
+
+
+def _BenchConfig():
+    from .bench import BenchConfig
+
+    return BenchConfig
+
+
+@app.command("bench")
+def bench_cmd(
+    preset: str = typer.Option("default", help=help_for(_BenchConfig(), "preset")),
+    model: str = typer.Option("bundled", help=help_for(_BenchConfig(), "model")),
+    out: str = typer.Option("runs/bench", help=help_for(_BenchConfig(), "out")),
+    proxy: str = typer.Option("", help=help_for(_BenchConfig(), "proxy")),
+    unlock: str = typer.Option("progressive", help=help_for(_BenchConfig(), "unlock")),
+    adaptive_threshold: float = typer.Option(0.5, help=help_for(_BenchConfig(), "adaptive_threshold")),
+    cycles: int = typer.Option(3, help=help_for(_BenchConfig(), "cycles")),
+    seed: int = typer.Option(0, help=help_for(_BenchConfig(), "seed")),
+    suite: str = typer.Option("main", help="main (arms A, B, C and references), methods (M0-M4) or ablations (E0-E6)"),
+) -> None:
+    """ASCENT-Bench: arms A (untrained), B (closed loop), C (proxy or expert), oracle and random
+    through the lifelong protocol; writes bench.json, report.md and report.html to --out.
+    With --suite methods|ablations, every variant under the same protocol and budget."""
+    from .bench import PRESETS, SUITES, BenchConfig, run_bench, run_suite
+    from .report import main_rows, r_rows
+
+    if preset not in PRESETS:
+        _fail(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    cfg = BenchConfig(out=out, model=model, preset=preset, proxy=proxy, unlock=unlock, adaptive_threshold=adaptive_threshold,  # type: ignore[arg-type]
+                      cycles=cycles, seed=seed)
+    if suite in SUITES:
+        _with_bars(lambda progress: run_suite(cfg, suite, log=console.print, progress=progress))
+        console.print((Path(out) / suite / "suite.md").read_text())
+        return
+    if suite != "main":
+        _fail(f"unknown suite {suite!r}; known: main, {', '.join(SUITES)}")
+    result = _with_bars(lambda progress: run_bench(cfg, log=console.print, progress=progress))
+    for title, fn in (("main table (last cycle)", main_rows), ("R[cycle][tier]", r_rows)):
+        head, rows = fn(result.doc)
+        t = Table(title=title)
+        for h in head:
+            t.add_column(h, justify="right")
+        for r in rows:
+            t.add_row(*r)
+        console.print(t)
+    console.print(f"report: {Path(out) / 'report.html'}")
 
 
 @app.command("serve")

@@ -7,12 +7,14 @@ Per cycle ``c``::
     cycle-c/sleep/pairs-action.parquet  gated step-level pairs
     cycle-c/sleep/pairs-dialogue.parquet
     cycle-c/sleep/gating.json           every exclusion counted by reason
-    cycle-c/train/<track>/adapter/      PEFT LoRA adapter per track (resumed from cycle c-1)
+    cycle-c/train/<track>/adapter/      PEFT LoRA adapter per track (resumed from cycle c-1),
+                                        or train/merged/adapter/ for both (ablation E1)
     cycle-c/eval/episodes.jsonl         the deployed policy (base + both adapters) on eval seeds
     cycle-c/summary.json                with paired-bootstrap differences against cycle 0
     cycle-0/eval/episodes.jsonl         the untrained policy on the same eval seeds (the baseline)
 
-Every artifact goes through :class:`~socialworld.rundir.RunDir`, so a killed loop resumes from
+``unlock`` picks the tiers of each cycle: all of them, the protocol's progressive unlocking
+(L0; L0+L1; all), or adaptive unlocking. Every artifact goes through :class:`~socialworld.rundir.RunDir`, so a killed loop resumes from
 its last complete artifact.
 """
 
@@ -22,10 +24,11 @@ import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal, Sequence
 
 from .evaluate import episode_seeds
-from .metrics import aggregate
+from .lifelong import next_unlocked, progressive_schedule
+from .metrics import aggregate, group_by
 from .policies import make_policy
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
 from .rng import derive_seed
@@ -46,15 +49,28 @@ class LoopConfig:
     model: str = field(default="bundled", metadata={"help": "base model: bundled or a local folder"})
     cycles: int = field(default=1, metadata={"help": "wake-sleep-train-deploy cycles"})
     tiers: tuple[str, ...] = field(default=("L0",), metadata={"help": "tiers trained and evaluated"})
+    scenarios: tuple[str, ...] = field(default=(), metadata={"help": "a subset of scenario ids (default: every scenario of the tiers)"})
     train_episodes: int = field(default=4, metadata={"help": "wake episodes per scenario per cycle (training seeds)"})
     eval_episodes: int = field(default=3, metadata={"help": "evaluation episodes per scenario (fixed held-out seeds)"})
     seed: int = field(default=0, metadata={"help": "run seed"})
     lm_batch_size: int = field(default=12, metadata={"help": "prompts per forward pass"})
     baseline: bool = field(default=True, metadata={"help": "evaluate the untrained policy first (cycle 0) and compare each cycle with it"})
+    unlock: Literal["fixed", "progressive", "adaptive"] = field(default="fixed", metadata={"help": (
+        "fixed: every cycle trains and evaluates all tiers; progressive: cycle c unlocks the first c tiers "
+        "(ASCENT-Bench); adaptive: the next tier unlocks once the newest tier's pass rate reaches adaptive_threshold")})
+    adaptive_threshold: float = field(default=0.5, metadata={"help": "adaptive unlocking: pass rate that unlocks the next tier"})
+    tracks: tuple[str, ...] = field(default=TRACKS, metadata={"help": "tracks trained (action, dialogue)"})
+    merged: bool = field(default=False, metadata={"help": "one adapter trained on both tracks' pairs, used for both (ablation E1)"})
     reuse_from: str = field(default="", metadata={"help": "copy the untrained policy's artifacts (cycle-0 eval, cycle-1 wake) from this run "
                                                        "folder instead of re-running them: ablations on the same data"})
     sleep: SleepConfig = field(default_factory=SleepConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(method="dpo", steps=20))
+
+    def __post_init__(self) -> None:
+        if not self.tracks or set(self.tracks) - set(TRACKS):
+            raise ValueError(f"tracks must be a non-empty subset of {TRACKS}, got {self.tracks}")
+        if self.unlock not in ("fixed", "progressive", "adaptive"):
+            raise ValueError(f"unlock must be fixed, progressive or adaptive, got {self.unlock!r}")
 
 
 def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int]:
@@ -66,25 +82,29 @@ def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int
 
 
 UNTRAINED = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycle-1/wake/reference.jsonl")
-"""Artifacts made by the untrained policy alone: the same in every run of the same model, seeds and tiers."""
-SAME_DATA_KEYS = ("model", "tiers", "train_episodes", "eval_episodes", "seed")
+"""Artifacts made by the untrained policy alone: the same in every run of the same model and seeds."""
+EVAL_KEYS = ("model", "tiers", "scenarios", "eval_episodes", "seed")
+WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
 
 
 def _reuse(run: RunDir, cfg: LoopConfig) -> None:
-    """Copy :data:`UNTRAINED` artifacts from ``cfg.reuse_from`` (checked complete there, and
-    made under the same model, tiers, episode counts and seed)."""
+    """Copy the untrained policy's artifacts from ``cfg.reuse_from``: the cycle-0 evaluation when
+    model, scenarios, eval episodes and seed match; cycle 1's wake when, besides, the training
+    episodes and cycle 1's tiers match. Each must be complete there."""
     import yaml
 
     if not Path(cfg.reuse_from, "manifest.json").exists():
         raise ValueError(f"--reuse-from {cfg.reuse_from}: not a run folder (no manifest.json)")
     src = RunDir(cfg.reuse_from)
-
-    theirs = yaml.safe_load(src.path("config.yaml").read_text()) if src.path("config.yaml").exists() else {}
+    theirs = yaml.safe_load(src.path("config.yaml").read_text())
     mine = json.loads(json.dumps(asdict(cfg)))
-    diff = [k for k in SAME_DATA_KEYS if theirs.get(k) != mine[k]]
+    diff = [k for k in EVAL_KEYS if theirs.get(k) != mine[k]]
     if diff:
         raise ValueError(f"--reuse-from {cfg.reuse_from}: differs in {diff}, so its artifacts are not the same data")
-    for rel in UNTRAINED:
+    theirs_cfg = LoopConfig(tiers=tuple(theirs["tiers"]), unlock=theirs.get("unlock", "fixed"))
+    same_wake = all(theirs.get(k) == mine[k] for k in WAKE_KEYS) and \
+        unlocked_tiers(theirs_cfg, 1, (), []) == unlocked_tiers(cfg, 1, (), [])
+    for rel in UNTRAINED if same_wake else UNTRAINED[:1]:
         if not src.complete(rel):
             raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} is missing or incomplete there")
         run.produce(rel, f"copied:{src.root}@{src.sha(rel)[:12]}", lambda p, r=rel: shutil.copyfile(src.path(r), p))
@@ -98,30 +118,48 @@ Progress = Callable[[str, int], Callable[[EpisodeRecord], None]]
 """``progress(description, total)`` -> a per-episode callback (the CLI draws bars with it)."""
 
 
+def unlocked_tiers(cfg: LoopConfig, c: int, previous: tuple[str, ...], previous_eval: Sequence[EpisodeRecord]) -> tuple[str, ...]:
+    """The tiers cycle ``c`` trains and evaluates (see ``LoopConfig.unlock``)."""
+    if cfg.unlock == "fixed":
+        return tuple(cfg.tiers)
+    if cfg.unlock == "progressive" or c == 1:
+        return progressive_schedule(c, cfg.tiers)[-1]
+    newest = [e for e in previous_eval if e.tier == previous[-1]]
+    rate = aggregate(newest).pass_rate if newest else 0.0
+    return next_unlocked(previous, rate, cfg.adaptive_threshold, cfg.tiers)
+
+
 def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> list[dict]:
     def rollout(policy, jobs: list[EpisodeJob], what: str) -> list[EpisodeRecord]:
         return run_episodes(policy, jobs, on_episode=progress(what, len(jobs)) if progress else None)
 
+    def eval_jobs(tiers: Sequence[str]) -> list[EpisodeJob]:
+        return [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
+                for seed in episode_seeds(cfg.seed, s.id, cfg.eval_episodes)]
+
     run = RunDir(cfg.out)
     run.write_config(json.loads(json.dumps(asdict(cfg))))
-    specs = {s.id: s for s in resolve_scenarios(None, list(cfg.tiers))}
+    specs = {s.id: s for s in resolve_scenarios(list(cfg.scenarios) or None, list(cfg.tiers))}
     if cfg.reuse_from:
         _reuse(run, cfg)
     adapters: dict[str, str] | None = None
-    summaries = []
-    eval_jobs = [EpisodeJob(s, seed) for s in specs.values() for seed in episode_seeds(cfg.seed, s.id, cfg.eval_episodes)]
-    if cfg.baseline:
+    summaries: list[dict] = []
+    if cfg.baseline:  # every tier that may unlock: the untrained policy is the same in every cycle
         run.produce("cycle-0/eval/episodes.jsonl", "eval",
-                    lambda p: write_jsonl(p, rollout(_policy(cfg, None), eval_jobs, "cycle 0 eval (untrained)")))
+                    lambda p: write_jsonl(p, rollout(_policy(cfg, None), eval_jobs(cfg.tiers), "cycle 0 eval (untrained)")))
         m0 = aggregate(read_jsonl(run.path("cycle-0/eval/episodes.jsonl"))).as_dict()
         log(f"cycle 0 (untrained): eval pass {m0['pass_rate']:.2f} D {m0['D']:.2f} CR {m0['CR']:.2f}")
+    tiers: tuple[str, ...] = ()
+    evaluated: list[EpisodeRecord] = []
     for c in range(1, cfg.cycles + 1):
         d = f"cycle-{c}"
+        tiers = unlocked_tiers(cfg, c, tiers, evaluated)
         prev = [rel for rel in (str(Path(p).relative_to(run.root)) for p in (adapters or {}).values())]
-        jobs = [EpisodeJob(s, seed) for s in specs.values() for seed in train_seeds(cfg.seed, s.id, c, cfg.train_episodes)]
+        jobs = [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
+                for seed in train_seeds(cfg.seed, s.id, c, cfg.train_episodes)]
         if run.produce(f"{d}/wake/episodes.jsonl", "wake", lambda p: write_jsonl(p, rollout(_policy(cfg, adapters), jobs, f"cycle {c} wake")),
                        inputs=prev):
-            log(f"cycle {c}: wake {len(jobs)} episodes")
+            log(f"cycle {c} ({'+'.join(tiers)}): wake {len(jobs)} episodes")
         run.produce(f"{d}/wake/reference.jsonl", f"wake:{cfg.sleep.continuation}",
                     lambda p: write_jsonl(p, run_episodes(make_policy(cfg.sleep.continuation), jobs)))
         wake = read_jsonl(run.path(f"{d}/wake/episodes.jsonl"))
@@ -140,35 +178,18 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         run.produce(f"{d}/sleep", "sleep", sleep_all, inputs=[f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl"])
         gating = json.loads(run.path(f"{d}/sleep/gating.json").read_text())
         log(f"cycle {c}: pairs kept {gating['kept']}, excluded {gating['excluded']}")
-        losses: dict[str, list[float]] = {}
-        trained: dict[str, str] = dict(adapters or {})
-        for t in TRACKS:
-            rel = f"{d}/train/{t}/adapter"
-            pairs_path = run.path(f"{d}/sleep/pairs-{t}.parquet")
-            if not read_pairs(pairs_path):  # nothing passed gating: the track keeps its adapter
-                log(f"cycle {c}: no {t} pairs passed gating; the {t} adapter is not retrained")
-                continue
-            if cfg.train.method == "grpo" and t != "action":
-                log(f"cycle {c}: grpo trains the action track only (its reward is the simulator's step return)")
-                continue
-            run.produce(rel, f"train:{cfg.train.method}",
-                        lambda p, pp=pairs_path, r=trained.get(t): train_adapter(
-                            _base_path(cfg), p, cfg.train, resume_from=r,
-                            **({"grpo_rows": grpo_rows(read_pairs(pp)), "specs": specs} if cfg.train.method == "grpo"
-                               else {"pairs": pp})),
-                        inputs=[f"{d}/sleep"] + prev)
-            losses[t] = json.loads(run.path(f"{rel}/socialworld-train.json").read_text())["losses"]
-            trained[t] = str(run.path(rel))
-        adapters = trained or None
+        losses, adapters = _train_cycle(cfg, run, c, adapters, prev, specs, log)
         run.produce(f"{d}/eval/episodes.jsonl", "eval",
-                    lambda p: write_jsonl(p, rollout(_policy(cfg, adapters), eval_jobs, f"cycle {c} eval")),
+                    lambda p: write_jsonl(p, rollout(_policy(cfg, adapters), eval_jobs(tiers), f"cycle {c} eval")),
                     inputs=[str(Path(p).relative_to(run.root)) for p in (adapters or {}).values()])
         evaluated = read_jsonl(run.path(f"{d}/eval/episodes.jsonl"))
         m = aggregate(evaluated).as_dict()
-        summary = {"cycle": c, "pairs": gating["kept"], "excluded": gating["excluded"],
-                   "final_loss": {t: (v[-1] if v else None) for t, v in losses.items()}, "eval": m}
+        summary = {"cycle": c, "tiers": list(tiers), "pairs": gating["kept"], "excluded": gating["excluded"],
+                   "final_loss": {t: (v[-1] if v else None) for t, v in losses.items()}, "eval": m,
+                   "by_tier": {t: aggregate(eps).as_dict() for t, eps in sorted(group_by(evaluated, "tier").items())}}
         if cfg.baseline:
-            base = read_jsonl(run.path("cycle-0/eval/episodes.jsonl"))
+            keys = {(e.scenario_id, e.seed) for e in evaluated}
+            base = [e for e in read_jsonl(run.path("cycle-0/eval/episodes.jsonl")) if (e.scenario_id, e.seed) in keys]
             summary["vs_baseline"] = {k: paired_difference(base, evaluated, k, seed=cfg.seed).as_dict() for k in COMPARED}
         run.produce(f"{d}/summary.json", "summary",
                     lambda p: atomic_write_text(p, json.dumps(summary, indent=1, sort_keys=True) + "\n"),
@@ -178,6 +199,40 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
             log(f"cycle {c}: {k} - untrained = {iv['mean']:+.3f}, 95% paired bootstrap [{iv['lo']:+.3f}, {iv['hi']:+.3f}]")
         summaries.append(summary)
     return summaries
+
+
+def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] | None, prev: list[str],
+                 specs: dict, log: Callable[[str], None]) -> tuple[dict[str, list[float]], dict[str, str] | None]:
+    """Train this cycle's adapters: one per track in ``cfg.tracks`` (resumed from the previous
+    cycle's), or one ``merged`` adapter on both tracks' pairs deployed for both (ablation E1).
+    A track without gated pairs keeps its previous adapter."""
+    d = f"cycle-{c}"
+    losses: dict[str, list[float]] = {}
+    trained: dict[str, str] = dict(adapters or {})
+    groups = {"merged": [t for t in TRACKS if t in cfg.tracks]} if cfg.merged else {t: [t] for t in cfg.tracks}
+    for name, members in groups.items():
+        if cfg.train.method == "grpo" and members != ["action"]:
+            log(f"cycle {c}: grpo trains the action track only (its reward is the simulator's step return)")
+            continue
+        pairs = [p for t in members for p in read_pairs(run.path(f"{d}/sleep/pairs-{t}.parquet"))]
+        if not pairs:  # nothing passed gating: the track keeps its adapter
+            log(f"cycle {c}: no {name} pairs passed gating; the {name} adapter is not retrained")
+            continue
+        rel = f"{d}/train/{name}/adapter"
+        resume = trained.get(members[0])
+        if len(members) == 1:  # the gated Parquet file as it is
+            data: dict = {"pairs": run.path(f"{d}/sleep/pairs-{members[0]}.parquet")}
+        else:
+            data = {"pairs": pairs}
+        if cfg.train.method == "grpo":
+            data = {"grpo_rows": grpo_rows(pairs), "specs": specs}
+        run.produce(rel, f"train:{cfg.train.method}",
+                    lambda p, data=data, r=resume: train_adapter(_base_path(cfg), p, cfg.train, resume_from=r, **data),
+                    inputs=[f"{d}/sleep"] + prev)
+        losses[name] = json.loads(run.path(f"{rel}/socialworld-train.json").read_text())["losses"]
+        for t in members:
+            trained[t] = str(run.path(rel))
+    return losses, (trained or None)
 
 
 def _base_path(cfg: LoopConfig) -> str:

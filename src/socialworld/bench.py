@@ -1,0 +1,263 @@
+"""ASCENT-Bench (DESIGN §8, §5.3): the lifelong protocol over arms A, B, C and reference rows.
+
+* **A** — the base model, untrained: the loop's cycle-0 evaluation (greedy decoding on fixed
+  seeds, so one evaluation serves every cycle);
+* **B** — the same model through the closed loop (:func:`socialworld.loop.run_loop` with
+  progressive unlocking: L0; L0+L1; all), trained before each cycle's evaluation;
+* **C** — a strong proxy: ``--proxy openai:<model>@<url>`` when given, else the ``expert`` policy;
+* ``oracle`` and ``random`` — reference rows.
+
+Every arm is evaluated on the same evaluation seeds (``eval_episodes`` per unlocked scenario);
+training seeds never overlap them. Static arms (A, C, references) are deterministic on fixed
+seeds, so each (scenario, seed) is run once and reused in every cycle that evaluates it.
+
+Run folder: ``<out>/loop/`` (the B arm's resumable loop, with A as its cycle 0),
+``<out>/arms/<arm>/episodes.jsonl``, ``<out>/bench.json``, ``<out>/report.md``,
+``<out>/report.html``; all through :class:`~socialworld.rundir.RunDir`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Literal, Sequence
+
+from .diagnostics import coverage, failure_counts
+from .evaluate import episode_seeds
+from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
+from .loop import LoopConfig, Progress, run_loop
+from .policies import SCRIPTED, make_policy
+from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
+from .rundir import RunDir
+from .runner import EpisodeJob, run_episodes
+from .sleep import SleepConfig
+from .spec import resolve_scenarios
+from .stats import PASS, metric_interval, paired_difference
+from .train import TrainConfig
+
+BENCH_VERSION = "ascent-bench-v1"
+MAIN_METRICS = ("U", "A_e", "S_npc", "D", "CR", PASS)
+REFERENCES = ("oracle", "random")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """The budget of a bench run."""
+
+    eval_episodes: int
+    train_episodes: int
+    steps: int
+    scenarios: tuple[str, ...] = ()
+    """a subset of scenario ids (empty: all eight)"""
+
+
+PRESETS: dict[str, Preset] = {
+    # one scenario per tier, one evaluation seed each, one wake episode and two DPO steps per cycle
+    "smoke": Preset(eval_episodes=1, train_episodes=1, steps=2,
+                    scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
+    # the protocol's 45 evaluation episodes per arm; a small training budget (2-core CPU)
+    "default": Preset(eval_episodes=3, train_episodes=1, steps=8),
+    # the full budget
+    "paper": Preset(eval_episodes=3, train_episodes=8, steps=60),
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    out: str = field(default="runs/bench", metadata={"help": "run folder (resumed if it exists with the same config)"})
+    model: str = field(default="bundled", metadata={"help": "base model of arms A and B: bundled or a local folder"})
+    preset: Literal["smoke", "default", "paper"] = field(default="default", metadata={"help": "budget: smoke, default or paper"})
+    proxy: str = field(default="", metadata={"help": "arm C: an openai:<model>@<url> spec (default: the expert policy)"})
+    cycles: int = field(default=3, metadata={"help": "protocol cycles (cycle c unlocks the first c tiers)"})
+    unlock: Literal["progressive", "adaptive", "fixed"] = field(default="progressive", metadata={
+        "help": "progressive (the protocol), adaptive (unlock once the newest tier's pass rate reaches adaptive_threshold), "
+                "or fixed (static: every tier every cycle, E6)"})
+    adaptive_threshold: float = field(default=0.5, metadata={"help": "adaptive unlocking threshold"})
+    seed: int = field(default=0, metadata={"help": "run seed (evaluation, training and bootstrap seeds derive from it)"})
+    lm_batch_size: int = field(default=12, metadata={"help": "prompts per forward pass"})
+    resamples: int = field(default=10_000, metadata={"help": "bootstrap resamples per interval"})
+
+    def loop_config(self, **over) -> LoopConfig:
+        p = PRESETS[self.preset]
+        base = LoopConfig(out=str(Path(self.out) / "loop"), model=self.model, cycles=self.cycles, tiers=TIERS,
+                          train_episodes=p.train_episodes, eval_episodes=p.eval_episodes, seed=self.seed,
+                          lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock,
+                          adaptive_threshold=self.adaptive_threshold, scenarios=p.scenarios,
+                          sleep=SleepConfig(), train=TrainConfig(method="dpo", steps=p.steps))
+        return replace(base, **over)
+
+
+def eval_jobs(cfg: BenchConfig) -> list[EpisodeJob]:
+    """Every evaluation episode any cycle may run: the same seeds for every arm."""
+    p = PRESETS[cfg.preset]
+    specs = resolve_scenarios(list(p.scenarios) or None, list(TIERS))
+    return [EpisodeJob(s, seed) for s in specs for seed in episode_seeds(cfg.seed, s.id, p.eval_episodes)]
+
+
+def arm_policies(cfg: BenchConfig) -> dict[str, str]:
+    """Static arms besides A: C (proxy or expert) and the reference rows."""
+    return {"C": cfg.proxy or "expert", **{r: r for r in REFERENCES}}
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    tiers_per_cycle: dict[int, list[str]]
+    per_cycle: dict[str, dict[int, list[EpisodeRecord]]]
+    """arm -> cycle -> evaluation episodes"""
+    loop_summaries: list[dict]
+    doc: dict
+    """bench.json"""
+
+
+def _subset(eps: Sequence[EpisodeRecord], tiers: Sequence[str]) -> list[EpisodeRecord]:
+    return [e for e in eps if e.tier in tiers]
+
+
+def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> BenchResult:
+    run = RunDir(cfg.out)
+    run.write_config(json.loads(json.dumps(asdict(cfg))))
+    summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
+    loop_dir = Path(cfg.out) / "loop"
+    jobs = eval_jobs(cfg)
+    static: dict[str, list[EpisodeRecord]] = {"A": read_jsonl(loop_dir / "cycle-0/eval/episodes.jsonl")}
+    for arm, spec in arm_policies(cfg).items():
+        rel = f"arms/{arm}/episodes.jsonl"
+
+        def evaluate_arm(p: Path, spec: str = spec, arm: str = arm) -> None:
+            policy = make_policy(spec, seed=cfg.seed, **({} if spec in SCRIPTED else {"batch_size": cfg.lm_batch_size}))
+            write_jsonl(p, run_episodes(policy, jobs, on_episode=progress(f"arm {arm} ({spec})", len(jobs)) if progress else None))
+
+        if run.produce(rel, f"eval:{spec}", evaluate_arm):
+            log(f"arm {arm} ({spec}): evaluated {len(jobs)} episodes")
+        static[arm] = read_jsonl(run.path(rel))
+    tiers_per_cycle = {s["cycle"]: s["tiers"] for s in summaries}
+    per_cycle: dict[str, dict[int, list[EpisodeRecord]]] = {arm: {} for arm in ("A", "B", *arm_policies(cfg))}
+    for c, tiers in tiers_per_cycle.items():
+        per_cycle["B"][c] = read_jsonl(loop_dir / f"cycle-{c}/eval/episodes.jsonl")
+        for arm, eps in static.items():
+            per_cycle[arm][c] = _subset(eps, tiers)
+    doc = bench_document(cfg, tiers_per_cycle, per_cycle, summaries)
+    run.produce("bench.json", "bench", lambda p: atomic_write_text(p, json.dumps(doc, indent=1, sort_keys=True) + "\n"),
+                inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)])
+    from .report import write_reports
+
+    write_reports(run, doc, per_cycle)
+    return BenchResult(cfg, tiers_per_cycle, per_cycle, summaries, doc)
+
+
+def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_cycle: dict[str, dict[int, list[EpisodeRecord]]],
+                   loop_summaries: Sequence[dict] = ()) -> dict:
+    """Every number of the report, computed from records: per-arm metrics with intervals at the
+    last cycle (the main table), paired B-A and B-C differences, R tables, forgetting, forward
+    transfer and unlock cycles, and the loop's per-cycle training summary."""
+    kw = {"seed": cfg.seed, "resamples": cfg.resamples}
+    last = max(tiers_per_cycle)
+    main = {arm: {k: metric_interval(cyc[last], k, **kw).as_dict() for k in MAIN_METRICS} for arm, cyc in per_cycle.items()}
+    paired = {f"B-{o}": {k: paired_difference(per_cycle[o][last], per_cycle["B"][last], k, **kw).as_dict() for k in MAIN_METRICS}
+              for o in per_cycle if o != "B"}
+    ratios = {f"B/{o}": {k: _ratio(main["B"][k]["mean"], main[o][k]["mean"]) for k in MAIN_METRICS} for o in ("A", "C")}
+    r = {arm: r_table(cyc, **kw) for arm, cyc in per_cycle.items()}
+    return {
+        "version": BENCH_VERSION,
+        "config": json.loads(json.dumps(asdict(cfg))),
+        "preset": asdict(PRESETS[cfg.preset]),
+        "thresholds": {"CR": 0.6, "D": 0.5},
+        "tiers_per_cycle": {str(c): t for c, t in tiers_per_cycle.items()},
+        "episodes_per_arm": {arm: sum(len(v) for v in cyc.values()) for arm, cyc in per_cycle.items()},
+        "main": main,
+        "paired": paired,
+        "ratios": ratios,
+        "R": {arm: {str(c): {t: iv.as_dict() for t, iv in row.items()} for c, row in tab.items()} for arm, tab in r.items()},
+        "forgetting": {arm: forgetting(tab) for arm, tab in r.items()},
+        "forward_transfer": {arm: forward_transfer(tab, r["A"]) for arm, tab in r.items() if arm != "A"},
+        "unlock_cycles": unlock_cycles(r["B"]),
+        "diagnostics": {arm: {"coverage": coverage(cyc[last]), "primary_failures": failure_counts(cyc[last])}
+                        for arm, cyc in per_cycle.items()},
+        "loop": list(loop_summaries),
+    }
+
+
+def _ratio(b: float, a: float) -> float | None:
+    """B/X as a ratio of means; undefined (None) when X's mean is 0."""
+    return None if a == 0 else b / a
+
+
+# ------------------------------------------------------------------ suites
+
+SUITES: dict[str, dict[str, dict]] = {
+    # M0 (untrained) is every variant's cycle 0; each entry overrides the full loop's settings
+    "methods": {
+        "M1-sft": {"train": {"method": "sft"}},
+        "M2-grpo": {"train": {"method": "grpo"}, "tracks": ("action",), "sleep": {"gating": "off"}},
+        "M3-dpo-trajectory-ungated": {"tracks": ("dialogue",), "sleep": {"gating": "off"}},
+        "M4-full": {},
+    },
+    "ablations": {
+        "E0-full": {},
+        "E1-merged-tracks": {"merged": True},
+        "E2-no-provenance": {"sleep": {"gating": "off"}},
+        "E3-action-only": {"tracks": ("action",)},
+        "E4-dialogue-only": {"tracks": ("dialogue",)},
+        "E5-threshold-0.3": {"sleep": {"quality_threshold": 0.3}},
+        "E5-threshold-0.5": {"sleep": {"quality_threshold": 0.5}},
+        "E5-threshold-0.7": {"sleep": {"quality_threshold": 0.7}},
+        "E6-static": {"unlock": "fixed"},
+    },
+}
+
+
+def variant_config(cfg: BenchConfig, suite: str, name: str, reuse_from: str = "") -> LoopConfig:
+    """The loop of one suite variant: the bench's loop with the variant's overrides, in
+    ``<out>/<suite>/<name>``, reusing the first variant's untrained artifacts (same data)."""
+    over = dict(SUITES[suite][name])
+    base = cfg.loop_config(out=str(Path(cfg.out) / suite / name), reuse_from=reuse_from)
+    if "train" in over:
+        over["train"] = replace(base.train, **over["train"])
+    if "sleep" in over:
+        over["sleep"] = replace(base.sleep, **over["sleep"])
+    return replace(base, **over)
+
+
+def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, progress: Progress | None = None) -> dict:
+    """Every variant of ``suite`` under the same protocol and budget; returns (and writes to
+    ``<out>/<suite>/suite.json`` and ``suite.md``) per-variant last-cycle metrics with intervals,
+    paired differences against M0 (the untrained cycle 0), R tables and forgetting."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+    kw = {"seed": cfg.seed, "resamples": cfg.resamples}
+    run = RunDir(Path(cfg.out) / suite)
+    run.write_config(json.loads(json.dumps(asdict(cfg))))
+    rows: dict[str, dict] = {}
+    first = ""
+    for name in SUITES[suite]:
+        lc = variant_config(cfg, suite, name, reuse_from=first)
+        log(f"{suite}: {name}")
+        summaries = run_loop(lc, log=log, progress=progress)
+        first = first or lc.out
+        tiers = {s["cycle"]: s["tiers"] for s in summaries}
+        last = max(tiers)
+        untrained = read_jsonl(Path(lc.out) / "cycle-0/eval/episodes.jsonl")
+        per_cycle = {c: read_jsonl(Path(lc.out) / f"cycle-{c}/eval/episodes.jsonl") for c in tiers}
+        if "M0-untrained" not in rows:
+            rows["M0-untrained" if suite == "methods" else "untrained"] = {
+                "metrics": {k: metric_interval(_subset(untrained, tiers[last]), k, **kw).as_dict() for k in MAIN_METRICS},
+                "R": {str(c): {t: iv.as_dict() for t, iv in row.items()}
+                      for c, row in r_table({c: _subset(untrained, t) for c, t in tiers.items()}, **kw).items()}}
+        base_last = [e for e in untrained if (e.scenario_id, e.seed) in {(x.scenario_id, x.seed) for x in per_cycle[last]}]
+        r = r_table(per_cycle, **kw)
+        rows[name] = {
+            "metrics": {k: metric_interval(per_cycle[last], k, **kw).as_dict() for k in MAIN_METRICS},
+            "vs_untrained": {k: paired_difference(base_last, per_cycle[last], k, **kw).as_dict() for k in MAIN_METRICS},
+            "R": {str(c): {t: iv.as_dict() for t, iv in row.items()} for c, row in r.items()},
+            "forgetting": forgetting(r),
+            "pairs": [s["pairs"] for s in summaries], "excluded": [s["excluded"] for s in summaries],
+        }
+    doc = {"version": BENCH_VERSION, "suite": suite, "config": json.loads(json.dumps(asdict(cfg))),
+           "preset": asdict(PRESETS[cfg.preset]), "variants": rows}
+    from .report import suite_markdown
+
+    run.produce("suite.json", "suite", lambda p: atomic_write_text(p, json.dumps(doc, indent=1, sort_keys=True) + "\n"))
+    run.produce("suite.md", "report", lambda p: atomic_write_text(p, suite_markdown(doc) + "\n"), inputs=["suite.json"])
+    return doc

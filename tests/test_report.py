@@ -1,0 +1,91 @@
+"""Bench document and reports from scripted arms (fast), and the HTML page in real headless Chromium."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from socialworld.bench import BenchConfig, bench_document
+from socialworld.evaluate import episode_seeds
+from socialworld.policies import make_policy
+from socialworld.records import atomic_write_text
+from socialworld.report import markdown, write_reports
+from socialworld.rundir import RunDir
+from socialworld.runner import EpisodeJob, run_episodes
+from socialworld.spec import resolve_scenarios
+
+TIERS = {1: ["L0"], 2: ["L0", "L1"]}
+SCENARIOS = ["team_lunch", "book_club"]
+
+
+def _eps(policy):
+    jobs = [EpisodeJob(s, seed) for s in resolve_scenarios(SCENARIOS, ["L0", "L1"]) for seed in episode_seeds(3, s.id, 3)]
+    return run_episodes(make_policy(policy, seed=2), jobs)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    eps = {"A": _eps("random"), "B": _eps("expert"), "C": _eps("oracle")}
+    per_cycle = {arm: {c: [e for e in es if e.tier in t] for c, t in TIERS.items()} for arm, es in eps.items()}
+    cfg = BenchConfig(out=str(tmp_path_factory.mktemp("bench")), preset="smoke", resamples=2000)
+    loop = [{"cycle": c, "tiers": t, "pairs": {"action": 3}, "excluded": {"action:below_margin": 2},
+             "final_loss": {"action": 0.6}, "eval": {"pass_rate": 0.5, "D": 0.5}} for c, t in TIERS.items()]
+    doc = bench_document(cfg, TIERS, per_cycle, loop)
+    run = RunDir(cfg.out)
+    run.produce("bench.json", "bench", lambda p: atomic_write_text(p, json.dumps(doc)))
+    write_reports(run, doc, per_cycle)
+    return cfg, doc, per_cycle
+
+
+def test_document_numbers_come_from_the_records(bench):
+    _cfg, doc, per_cycle = bench
+    assert set(doc["main"]) == {"A", "B", "C"}
+    assert doc["main"]["A"]["pass"]["mean"] == 0.0  # random never passes
+    b_a = doc["paired"]["B-A"]["pass"]
+    assert b_a["mean"] == pytest.approx(doc["main"]["B"]["pass"]["mean"]) and b_a["lo"] > 0
+    assert doc["ratios"]["B/A"]["pass"] is None  # A's pass rate is 0: no ratio, not a made-up number
+    assert set(doc["R"]["B"]["2"]) == {"L0", "L1"} and set(doc["R"]["B"]["1"]) == {"L0"}
+    assert set(doc["forgetting"]["B"]) == {"L0"}
+    assert doc["unlock_cycles"] == {"L0": 1, "L1": 2}
+    assert doc["episodes_per_arm"]["A"] == sum(len(v) for v in per_cycle["A"].values())
+    md = markdown(doc)
+    for title in ("Main table", "Hierarchical", "Forgetting", "Closed loop", "Diagnostics"):
+        assert f"## {title}" in md
+
+
+def test_html_report_renders_in_headless_chromium(bench):
+    cfg, doc, per_cycle = bench
+    browser_path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser_path is None or pytest.importorskip("playwright") is None:
+        if os.environ.get("SOCIALWORLD_REQUIRE_BROWSER"):
+            pytest.fail("SOCIALWORLD_REQUIRE_BROWSER is set but chromium/playwright is missing")
+        pytest.skip("no chromium on this machine (CI installs Debian's chromium)")
+    from playwright.sync_api import sync_playwright
+
+    page_path = os.path.join(cfg.out, "report.html")
+    n_eps = sum(len(v) for cyc in per_cycle.values() for v in cyc.values())
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"])
+        page = browser.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto("file://" + os.path.abspath(page_path))
+        assert errors == []
+        assert page.locator("table.main tbody tr").count() >= 3
+        assert page.locator("table.r tbody tr").count() == 3 * 2
+        assert page.locator("img").count() == 3
+        assert all(page.locator("img").nth(i).evaluate("i => i.naturalWidth > 0") for i in range(3))
+        assert page.locator("#episode option").count() == n_eps
+        first_obs = page.locator("#obs").inner_text()
+        assert "Turn 1/" in first_obs or first_obs.strip()
+        assert page.locator("#sig tr").count() > 4  # header + align, reward, penalty, q, moods
+        page.click("#next")
+        assert page.locator("#stepno").inner_text().startswith("step 2")
+        assert page.locator("#obs").inner_text() != first_obs
+        page.select_option("#episode", str(n_eps - 1))
+        assert page.locator("#meta").inner_text().startswith("C · cycle 2")
+        shot = page.screenshot(full_page=True)
+        browser.close()
+    assert len(shot) > 20_000 and errors == []
