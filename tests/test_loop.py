@@ -67,6 +67,16 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="different config"):
         run_loop(replace(_cfg(tiny_dir, tmp_path / "a"), cycles=3))
 
+    # re-gating the stored wake: the run's own settings reproduce its pairs; variants are subsets/supersets
+    sl = _cfg(tiny_dir, "x").sleep
+    rg = loop_mod.regate(tmp_path / "a", 1, {"off": replace(sl, gating="off"), "tight": replace(sl, quality_threshold=1.01)})
+    assert rg["run"]["same_as_run"] and set(rg["run"]["ids"]) <= set(rg["off"]["ids"])
+    run_rep, tight = rg["run"]["report"], rg["tight"]["report"]
+    assert tight["kept"]["action"] == 0
+    assert tight["excluded"].get("action:low_quality", 0) == run_rep["kept"]["action"] + run_rep["excluded"].get("action:template_cap", 0)
+    with pytest.raises(ValueError, match="only screening"):
+        loop_mod.regate(tmp_path / "a", 1, {"m": replace(sl, rollouts=3)})
+
     # an ablation on the same data: the untrained policy's artifacts are copied, not re-run
     variant = replace(_cfg(tiny_dir, tmp_path / "c"), cycles=1, reuse_from=str(tmp_path / "a"),
                       sleep=replace(_cfg(tiny_dir, "x").sleep, gating="off"))

@@ -48,13 +48,15 @@ class Preset:
     eval_episodes: int
     train_episodes: int
     steps: int
+    batch_size: int = 4
+    """pairs per optimizer step"""
     scenarios: tuple[str, ...] = ()
     """a subset of scenario ids (empty: all eight)"""
 
 
 PRESETS: dict[str, Preset] = {
-    # one scenario per tier, one evaluation seed each, one wake episode and two DPO steps per cycle
-    "smoke": Preset(eval_episodes=1, train_episodes=1, steps=2,
+    # one scenario per tier, one evaluation seed each, one wake episode and one DPO step per cycle
+    "smoke": Preset(eval_episodes=1, train_episodes=1, steps=1, batch_size=2,
                     scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
     # the protocol's 45 evaluation episodes per arm; a small training budget (2-core CPU)
     "default": Preset(eval_episodes=3, train_episodes=1, steps=8),
@@ -84,7 +86,7 @@ class BenchConfig:
                           train_episodes=p.train_episodes, eval_episodes=p.eval_episodes, seed=self.seed,
                           lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock,
                           adaptive_threshold=self.adaptive_threshold, scenarios=p.scenarios,
-                          sleep=SleepConfig(), train=TrainConfig(method="dpo", steps=p.steps))
+                          sleep=SleepConfig(), train=TrainConfig(method="dpo", steps=p.steps, batch_size=p.batch_size))
         return replace(base, **over)
 
 

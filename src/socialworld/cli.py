@@ -180,6 +180,45 @@ def loop_cmd(
     console.print(t)
 
 
+@app.command("gate")
+def gate_cmd(
+    run: str = typer.Argument(..., help="a loop run folder"),
+    cycle: int = typer.Option(1, help="the cycle whose wake episodes are re-screened"),
+    threshold: Optional[list[float]] = typer.Option(None, "--threshold", help="a quality threshold variant (repeatable)"),
+    off: bool = typer.Option(True, help="include the gating-off variant"),
+) -> None:
+    """The gating ablation on the same data: rebuild a cycle's pairs from its stored wake and
+    count what each variant keeps and excludes (no training), against the run's own pairs."""
+    from dataclasses import replace
+
+    import yaml
+
+    from .loop import regate
+    from .sleep import SleepConfig
+
+    try:
+        own = SleepConfig(**yaml.safe_load((Path(run) / "config.yaml").read_text())["sleep"])
+    except OSError as err:
+        _fail(str(err))
+        return
+    variants = {f"threshold {t:g}": replace(own, quality_threshold=t) for t in (threshold or [])}
+    if off:
+        variants["gating off"] = replace(own, gating="off")
+    try:
+        result = regate(run, cycle, variants)
+    except ValueError as err:
+        _fail(str(err))
+        return
+    t = Table(title=f"gating variants: {run} cycle {cycle}")
+    for c in ("variant", "action kept", "dialogue kept", "excluded (by reason)", "same pairs as the run"):
+        t.add_column(c)
+    for name, r in result.items():
+        excl = ", ".join(f"{k} {v}" for k, v in sorted(r["report"]["excluded"].items()))
+        t.add_row(name, str(r["report"]["kept"].get("action", 0)), str(r["report"]["kept"].get("dialogue", 0)), excl,
+                  "yes" if r["same_as_run"] else "no")
+    console.print(t)
+
+
 def _with_bars(call):
     """Run ``call(progress)`` under rich progress bars (one per episode batch); clear errors."""
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -34,7 +34,7 @@ from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
 from .rng import derive_seed
 from .rundir import RunDir
 from .runner import EpisodeJob, run_episodes
-from .sleep import GatingReport, SleepConfig, action_pairs, dialogue_pairs, read_pairs, screen_and_gate, write_pairs
+from .sleep import GatingReport, SleepConfig, candidate_pairs, read_pairs, screen_and_gate, write_pairs
 from .spec import resolve_scenarios
 from .stats import paired_difference
 from .train import TrainConfig, grpo_rows, train_adapter
@@ -96,12 +96,13 @@ def _reuse(run: RunDir, cfg: LoopConfig) -> None:
     if not Path(cfg.reuse_from, "manifest.json").exists():
         raise ValueError(f"--reuse-from {cfg.reuse_from}: not a run folder (no manifest.json)")
     src = RunDir(cfg.reuse_from)
-    theirs = yaml.safe_load(src.path("config.yaml").read_text())
+    defaults = json.loads(json.dumps(asdict(LoopConfig())))  # a field added later has its default there
+    theirs = {**defaults, **yaml.safe_load(src.path("config.yaml").read_text())}
     mine = json.loads(json.dumps(asdict(cfg)))
     diff = [k for k in EVAL_KEYS if theirs.get(k) != mine[k]]
     if diff:
         raise ValueError(f"--reuse-from {cfg.reuse_from}: differs in {diff}, so its artifacts are not the same data")
-    theirs_cfg = LoopConfig(tiers=tuple(theirs["tiers"]), unlock=theirs.get("unlock", "fixed"))
+    theirs_cfg = LoopConfig(tiers=tuple(theirs["tiers"]), unlock=theirs["unlock"])
     same_wake = all(theirs.get(k) == mine[k] for k in WAKE_KEYS) and \
         unlocked_tiers(theirs_cfg, 1, (), []) == unlocked_tiers(cfg, 1, (), [])
     for rel in UNTRAINED if same_wake else UNTRAINED[:1]:
@@ -167,9 +168,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
 
         def sleep_all(_p: Path) -> None:
             report = GatingReport()
-            pairs = [p for e in wake for p in action_pairs(specs[e.scenario_id], e, cfg.sleep, report)]
-            pairs += [p for e in wake for p in dialogue_pairs(specs[e.scenario_id], e, ref[(e.scenario_id, e.seed)], cfg.sleep, report)]
-            kept = screen_and_gate(pairs, cfg.sleep, report)
+            kept = screen_and_gate(candidate_pairs(specs, wake, ref, cfg.sleep, report), cfg.sleep, report)
             _p.mkdir()
             for t in TRACKS:
                 write_pairs(_p / f"pairs-{t}.parquet", [p for p in kept if p.track == t])
@@ -233,6 +232,37 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
         for t in members:
             trained[t] = str(run.path(rel))
     return losses, (trained or None)
+
+
+def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) -> dict[str, dict]:
+    """Rebuild one cycle's candidate pairs from its stored wake episodes and screen and gate them
+    under each variant's settings (margin, rollouts and horizon must match the run's, so the
+    candidates are the same): the gating ablation on exactly the same data, without training.
+    Returns, per variant, its gating report, its kept pair ids, and whether they equal the run's."""
+    import yaml
+
+    run = RunDir(run_dir)
+    cfg_doc = yaml.safe_load(run.path("config.yaml").read_text())
+    own = SleepConfig(**cfg_doc["sleep"])
+    d = f"cycle-{cycle}"
+    for rel in (f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl", f"{d}/sleep"):
+        if not run.complete(rel):
+            raise ValueError(f"{run.root}: {rel} is missing or incomplete")
+    wake = read_jsonl(run.path(f"{d}/wake/episodes.jsonl"))
+    ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(f"{d}/wake/reference.jsonl"))}
+    specs = {s.id: s for s in resolve_scenarios(sorted({e.scenario_id for e in wake}))}
+    build = GatingReport()
+    pairs = candidate_pairs(specs, wake, ref, own, build)
+    run_ids = sorted(p.id for t in TRACKS for p in read_pairs(run.path(f"{d}/sleep/pairs-{t}.parquet")))
+    out = {}
+    for name, v in {"run": own, **variants}.items():
+        if (v.margin, v.rollouts, v.horizon, v.continuation, v.max_candidates, v.seed) != \
+                (own.margin, own.rollouts, own.horizon, own.continuation, own.max_candidates, own.seed):
+            raise ValueError(f"variant {name}: only screening and gating settings may differ from the run's")
+        report = GatingReport(candidates=build.candidates, excluded=build.excluded.copy())
+        ids = sorted(p.id for p in screen_and_gate(pairs, v, report))
+        out[name] = {"report": report.as_dict(), "ids": ids, "same_as_run": ids == run_ids}
+    return out
 
 
 def _base_path(cfg: LoopConfig) -> str:

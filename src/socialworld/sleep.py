@@ -275,6 +275,15 @@ def dialogue_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, cfg: 
     return pairs
 
 
+def candidate_pairs(specs: dict[str, ScenarioSpec], wake: Sequence[EpisodeRecord], reference: dict[tuple[str, int], EpisodeRecord],
+                    cfg: SleepConfig, report: GatingReport) -> list[Pair]:
+    """All pairs of a wake (before screening and gating): action pairs of every episode, then
+    dialogue pairs against the reference episode of the same scenario and seed."""
+    pairs = [p for e in wake for p in action_pairs(specs[e.scenario_id], e, cfg, report)]
+    pairs += [p for e in wake for p in dialogue_pairs(specs[e.scenario_id], e, reference[(e.scenario_id, e.seed)], cfg, report)]
+    return pairs
+
+
 # ------------------------------------------------------------------ screening and gating
 
 

@@ -1,0 +1,47 @@
+"""ASCENT-Bench end to end on a tiny model: the protocol, the arms, the reports, resume, a suite."""
+
+import json
+
+import pytest
+
+pytest.importorskip("trl")
+pytestmark = pytest.mark.slow  # three wake-sleep-train cycles with TRL on a tiny model
+
+from socialworld.bench import PRESETS, BenchConfig, run_bench, run_suite  # noqa: E402
+from socialworld.testing import tiny_lm  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(tiny_lm(tmp_path_factory.mktemp("tiny")))
+
+
+def test_bench_smoke_protocol_and_resume(tiny, tmp_path):
+    cfg = BenchConfig(out=str(tmp_path / "b"), model=tiny, preset="smoke", lm_batch_size=4, resamples=1000)
+    res = run_bench(cfg, log=lambda _: None)
+    n = len(PRESETS["smoke"].scenarios) * PRESETS["smoke"].eval_episodes
+    assert res.tiers_per_cycle == {1: ["L0"], 2: ["L0", "L1"], 3: ["L0", "L1", "L2"]}
+    # 1 + 2 + 3 unlocked scenarios x 1 seed: every arm on the same episodes in every cycle
+    for arm in ("A", "B", "C", "oracle", "random"):
+        assert [len(res.per_cycle[arm][c]) for c in (1, 2, 3)] == [1, 2, 3]
+        assert {(e.scenario_id, e.seed) for e in res.per_cycle[arm][3]} == {(e.scenario_id, e.seed) for e in res.per_cycle["B"][3]}
+    assert len(res.per_cycle["A"][3]) == n
+    doc = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert doc["main"]["oracle"]["pass"]["mean"] == 1.0 and set(doc["paired"]) >= {"B-A", "B-C"}
+    assert set(doc["forgetting"]["B"]) == {"L0", "L1"} and doc["unlock_cycles"] == {"L0": 1, "L1": 2, "L2": 3}
+    assert [s["tiers"] for s in doc["loop"]] == [["L0"], ["L0", "L1"], ["L0", "L1", "L2"]]
+    html = (tmp_path / "b" / "report.html").read_text()
+    assert "Episode viewer" in html and html.count("data:image/png;base64,") == 3
+    # a finished bench resumes without re-running anything
+    logs = []
+    again = run_bench(cfg, log=logs.append)
+    assert again.doc == res.doc and not any("wake" in m or "evaluated" in m for m in logs)
+
+
+def test_methods_suite_shares_the_untrained_data(tiny, tmp_path):
+    cfg = BenchConfig(out=str(tmp_path / "s"), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000)
+    doc = run_suite(cfg, "methods", log=lambda _: None)
+    assert list(doc["variants"]) == ["M0-untrained", "M1-sft", "M2-grpo", "M3-dpo-trajectory-ungated", "M4-full"]
+    manifest = json.loads((tmp_path / "s" / "methods" / "M4-full" / "manifest.json").read_text())["artifacts"]
+    assert manifest["cycle-1/wake/episodes.jsonl"]["producer"].startswith("copied:")
+    assert "| M2-grpo |" in (tmp_path / "s" / "methods" / "suite.md").read_text()
