@@ -36,6 +36,10 @@ def test_produce_commit_and_resume(tmp_path):
     assert again.produce("a/one.txt", "test", write_file) and (tmp_path / "r" / "a" / "one.txt").read_text() == "hello"
     with pytest.raises(ValueError, match="different config"):
         again.write_config({"cycles": 3})
+    # a field named in may_grow may increase (extend a finished loop), never decrease
+    again.write_config({"cycles": 3}, may_grow=("cycles",))
+    with pytest.raises(ValueError, match="different config"):
+        again.write_config({"cycles": 2}, may_grow=("cycles",))
     with pytest.raises(ValueError, match="inputs not in the manifest"):
         again.produce("b.txt", "x", write_file, inputs=["nope"])
     assert not (tmp_path / "r" / "b.txt").exists()

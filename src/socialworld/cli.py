@@ -144,6 +144,7 @@ def loop_cmd(
     gating: str = typer.Option("strict", help="provenance gating: strict or off (ablation)"),
     quality_threshold: float = typer.Option(0.5, help="least share of paired rollouts in which chosen beats rejected"),
     learning_rate: float = typer.Option(1e-4, help="AdamW learning rate of the LoRA weights"),
+    sft_weight: float = typer.Option(1.0, help="DPO: weight of the NLL of the chosen completion added to the DPO loss (0 = plain DPO)"),
     baseline: bool = typer.Option(True, help=help_for(_LoopConfig(), "baseline")),
     lm_batch_size: int = typer.Option(12, help=help_for(_LoopConfig(), "lm_batch_size")),
     reuse_from: str = typer.Option("", help=help_for(_LoopConfig(), "reuse_from")),
@@ -164,7 +165,7 @@ def loop_cmd(
                      eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
                      unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged,  # type: ignore[arg-type]
                      sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold),  # type: ignore[arg-type]
-                     train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate))  # type: ignore[arg-type]
+                     train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight))  # type: ignore[arg-type]
     summaries = _with_bars(lambda progress: run_loop(cfg, log=console.print, progress=progress))
     t = Table(title=f"loop: {out}")
     for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "D", "CR",

@@ -139,7 +139,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
                 for seed in episode_seeds(cfg.seed, s.id, cfg.eval_episodes)]
 
     run = RunDir(cfg.out)
-    run.write_config(json.loads(json.dumps(asdict(cfg))))
+    run.write_config(json.loads(json.dumps(asdict(cfg))), may_grow=("cycles",))
     specs = {s.id: s for s in resolve_scenarios(list(cfg.scenarios) or None, list(cfg.tiers))}
     if cfg.reuse_from:
         _reuse(run, cfg)

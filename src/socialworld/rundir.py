@@ -52,12 +52,17 @@ class RunDir:
 
     # ------------------------------------------------------------------ config
 
-    def write_config(self, config: dict[str, Any]) -> None:
-        """Write ``config.yaml``; a resumed run must have the same config (else a clear error)."""
+    def write_config(self, config: dict[str, Any], may_grow: Sequence[str] = ()) -> None:
+        """Write ``config.yaml``; a resumed run must have the same config (else a clear error),
+        except that the top-level integer fields named in ``may_grow`` may increase (a finished
+        loop extended by more cycles: the earlier artifacts do not depend on the later ones)."""
         path = self.root / "config.yaml"
         text = yaml.safe_dump(config, sort_keys=True)
-        if path.exists() and yaml.safe_load(path.read_text()) != yaml.safe_load(text):
-            raise ValueError(f"{path} exists with a different config: resume with the same settings or use a new run folder")
+        if path.exists():
+            old, new = yaml.safe_load(path.read_text()), yaml.safe_load(text)
+            grown = [k for k in may_grow if isinstance(old.get(k), int) and isinstance(new.get(k), int) and new[k] > old[k]]
+            if {k: v for k, v in old.items() if k not in grown} != {k: v for k, v in new.items() if k not in grown}:
+                raise ValueError(f"{path} exists with a different config: resume with the same settings or use a new run folder")
         atomic_write_text(path, text)
 
     # ------------------------------------------------------------------ artifacts

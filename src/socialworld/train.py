@@ -15,6 +15,7 @@ integrations. A resumed adapter is loaded trainable (``is_trainable=True``).
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -40,6 +41,9 @@ class TrainConfig:
     target_modules: tuple[str, ...] = field(default=("q_proj", "k_proj", "v_proj", "o_proj"),
                                             metadata={"help": "modules that get LoRA weights"})
     beta: float = field(default=0.1, metadata={"help": "DPO/GRPO KL strength"})
+    sft_weight: float = field(default=1.0, metadata={"help": (
+        "DPO: add this weight times the NLL of the chosen completion (TRL loss_type ['sigmoid', 'sft'], as in RPO); "
+        "0 = plain DPO, which pushed the bundled model's mass onto an action no pair chose")})
     max_length: int = field(default=768, metadata={"help": "truncate prompt+completion to this many tokens"})
     num_generations: int = field(default=4, metadata={"help": "GRPO: completions per prompt"})
     max_completion_length: int = field(default=48, metadata={"help": "GRPO: tokens per sampled completion"})
@@ -123,7 +127,8 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
     if cfg.method == "dpo":
         from trl import DPOConfig, DPOTrainer
 
-        trainer = DPOTrainer(model=model, args=_args(cfg, scratch, DPOConfig, beta=cfg.beta, max_length=cfg.max_length),
+        losses = {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, cfg.sft_weight]} if cfg.sft_weight else {}
+        trainer = DPOTrainer(model=model, args=_args(cfg, scratch, DPOConfig, beta=cfg.beta, max_length=cfg.max_length, **losses),
                              train_dataset=_dataset(pairs, "dpo"), processing_class=tok,
                              peft_config=peft_config)
     elif cfg.method == "sft":
@@ -140,6 +145,8 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
         trainer = GRPOTrainer(
             model=model, reward_funcs=[simulator_reward(specs)], processing_class=tok,
             args=_args(cfg, scratch, GRPOConfig, beta=cfg.beta, num_generations=cfg.num_generations,
+                       # TRL needs the generation batch divisible by both the batch and the group size
+                       generation_batch_size=math.lcm(cfg.batch_size, cfg.num_generations),
                        max_completion_length=cfg.max_completion_length, temperature=1.0),
             train_dataset=Dataset.from_list(list(grpo_rows)), peft_config=peft_config)
     else:
