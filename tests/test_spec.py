@@ -67,3 +67,12 @@ def test_behaviour_is_not_in_yaml():
     data = tiny_spec_data(events=[{"kind": "run_python", "at": [1, 2], "text": "x"}])
     with pytest.raises(ScenarioError, match="events.0.kind"):
         parse_spec(data)
+
+
+def test_max_turns_caps_the_turn_budget():
+    from socialworld.spec import resolve_scenarios
+
+    full = {s.id: s.turn_budget for s in resolve_scenarios()}
+    capped = resolve_scenarios(max_turns=5)
+    assert {s.id for s in capped} == set(full) and all(s.turn_budget == min(5, full[s.id]) for s in capped)
+    assert [s.turn_budget for s in resolve_scenarios(max_turns=0)] == list(full.values())

@@ -52,11 +52,14 @@ class Preset:
     """pairs per optimizer step"""
     scenarios: tuple[str, ...] = ()
     """a subset of scenario ids (empty: all eight)"""
+    max_turns: int = 0
+    """cap on every scenario's turn budget (0: the scenario's own)"""
 
 
 PRESETS: dict[str, Preset] = {
-    # one scenario per tier, one evaluation seed each, one wake episode and one DPO step per cycle
-    "smoke": Preset(eval_episodes=1, train_episodes=1, steps=1, batch_size=2,
+    # one scenario per tier, one evaluation seed each, episodes cut at 4 turns, one wake episode and
+    # one DPO step on one pair per cycle: does the whole protocol run (its numbers mean little)
+    "smoke": Preset(eval_episodes=1, train_episodes=1, steps=1, batch_size=1, max_turns=4,
                     scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
     # the protocol's 45 evaluation episodes per arm; a small training budget (2-core CPU)
     "default": Preset(eval_episodes=3, train_episodes=1, steps=8),
@@ -85,7 +88,7 @@ class BenchConfig:
         base = LoopConfig(out=str(Path(self.out) / "loop"), model=self.model, cycles=self.cycles, tiers=TIERS,
                           train_episodes=p.train_episodes, eval_episodes=p.eval_episodes, seed=self.seed,
                           lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock,
-                          adaptive_threshold=self.adaptive_threshold, scenarios=p.scenarios,
+                          adaptive_threshold=self.adaptive_threshold, scenarios=p.scenarios, max_turns=p.max_turns,
                           sleep=SleepConfig(), train=TrainConfig(method="dpo", steps=p.steps, batch_size=p.batch_size))
         return replace(base, **over)
 
@@ -93,7 +96,7 @@ class BenchConfig:
 def eval_jobs(cfg: BenchConfig) -> list[EpisodeJob]:
     """Every evaluation episode any cycle may run: the same seeds for every arm."""
     p = PRESETS[cfg.preset]
-    specs = resolve_scenarios(list(p.scenarios) or None, list(TIERS))
+    specs = resolve_scenarios(list(p.scenarios) or None, list(TIERS), p.max_turns)
     return [EpisodeJob(s, seed) for s in specs for seed in episode_seeds(cfg.seed, s.id, p.eval_episodes)]
 
 

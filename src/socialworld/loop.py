@@ -53,6 +53,7 @@ class LoopConfig:
     train_episodes: int = field(default=4, metadata={"help": "wake episodes per scenario per cycle (training seeds)"})
     eval_episodes: int = field(default=3, metadata={"help": "evaluation episodes per scenario (fixed held-out seeds)"})
     seed: int = field(default=0, metadata={"help": "run seed"})
+    max_turns: int = field(default=0, metadata={"help": "cap every scenario's turn budget (0: the scenario's own; smoke runs)"})
     lm_batch_size: int = field(default=12, metadata={"help": "prompts per forward pass"})
     baseline: bool = field(default=True, metadata={"help": "evaluate the untrained policy first (cycle 0) and compare each cycle with it"})
     unlock: Literal["fixed", "progressive", "adaptive"] = field(default="fixed", metadata={"help": (
@@ -83,7 +84,7 @@ def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int
 
 UNTRAINED = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycle-1/wake/reference.jsonl")
 """Artifacts made by the untrained policy alone: the same in every run of the same model and seeds."""
-EVAL_KEYS = ("model", "tiers", "scenarios", "eval_episodes", "seed")
+EVAL_KEYS = ("model", "tiers", "scenarios", "eval_episodes", "seed", "max_turns")
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
 
 
@@ -140,7 +141,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
 
     run = RunDir(cfg.out)
     run.write_config(json.loads(json.dumps(asdict(cfg))), may_grow=("cycles",))
-    specs = {s.id: s for s in resolve_scenarios(list(cfg.scenarios) or None, list(cfg.tiers))}
+    specs = {s.id: s for s in resolve_scenarios(list(cfg.scenarios) or None, list(cfg.tiers), cfg.max_turns)}
     if cfg.reuse_from:
         _reuse(run, cfg)
     adapters: dict[str, str] | None = None
@@ -250,7 +251,7 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
             raise ValueError(f"{run.root}: {rel} is missing or incomplete")
     wake = read_jsonl(run.path(f"{d}/wake/episodes.jsonl"))
     ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(f"{d}/wake/reference.jsonl"))}
-    specs = {s.id: s for s in resolve_scenarios(sorted({e.scenario_id for e in wake}))}
+    specs = {s.id: s for s in resolve_scenarios(sorted({e.scenario_id for e in wake}), max_turns=cfg_doc.get("max_turns", 0))}
     build = GatingReport()
     pairs = candidate_pairs(specs, wake, ref, own, build)
     run_ids = sorted(p.id for t in TRACKS for p in read_pairs(run.path(f"{d}/sleep/pairs-{t}.parquet")))

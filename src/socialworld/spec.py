@@ -337,8 +337,9 @@ def load_builtin_scenarios() -> dict[str, ScenarioSpec]:
     return {s.id: s for s in specs}
 
 
-def resolve_scenarios(names: list[str] | None = None, tiers: list[str] | None = None) -> list[ScenarioSpec]:
-    """Pick scenarios by id (with or without the ``-vN`` suffix), file path, or tier."""
+def resolve_scenarios(names: list[str] | None = None, tiers: list[str] | None = None, max_turns: int = 0) -> list[ScenarioSpec]:
+    """Pick scenarios by id (with or without the ``-vN`` suffix), file path, or tier. ``max_turns``
+    > 0 caps every scenario's turn budget (a smoke budget; the cap is in every step's setting)."""
     builtin = load_builtin_scenarios()
     if not names:
         chosen = list(builtin.values())
@@ -357,5 +358,7 @@ def resolve_scenarios(names: list[str] | None = None, tiers: list[str] | None = 
         if bad:
             raise ScenarioError(f"unknown tier(s) {sorted(bad)}; tiers are {', '.join(TIERS)}")
         chosen = [s for s in chosen if s.tier in tiers]
+    if max_turns > 0:
+        chosen = [s.model_copy(update={"turn_budget": min(s.turn_budget, max_turns)}) for s in chosen]
     return chosen
 
