@@ -64,8 +64,11 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
     logs.clear()
     assert run_loop(_cfg(tiny_dir, tmp_path / "a"), log=logs.append) == full
     assert not any("wake" in m for m in logs)
+    # cycles may grow (extending a finished run), nothing else may change, and cycles may not shrink
     with pytest.raises(ValueError, match="different config"):
-        run_loop(replace(_cfg(tiny_dir, tmp_path / "a"), cycles=3))
+        run_loop(replace(_cfg(tiny_dir, tmp_path / "a"), cycles=3, train_episodes=2))
+    with pytest.raises(ValueError, match="different config"):
+        run_loop(replace(_cfg(tiny_dir, tmp_path / "a"), cycles=1))
 
     # re-gating the stored wake: the run's own settings reproduce its pairs; variants are subsets/supersets
     sl = _cfg(tiny_dir, "x").sleep
