@@ -27,7 +27,8 @@ def test_bench_smoke_protocol_and_resume(tiny, tmp_path):
         assert {(e.scenario_id, e.seed) for e in res.per_cycle[arm][3]} == {(e.scenario_id, e.seed) for e in res.per_cycle["B"][3]}
     assert len(res.per_cycle["A"][3]) == n
     doc = json.loads((tmp_path / "b" / "bench.json").read_text())
-    assert doc["main"]["oracle"]["pass"]["mean"] >= doc["main"]["random"]["pass"]["mean"] and set(doc["paired"]) >= {"B-A", "B-C"}
+    # even within 4 turns the oracle passes some scenarios and random none
+    assert doc["main"]["oracle"]["pass"]["mean"] > doc["main"]["random"]["pass"]["mean"] and set(doc["paired"]) >= {"B-A", "B-C"}
     # the smoke preset caps every episode at 4 turns, and the cap is in every step's setting
     cap = PRESETS["smoke"].max_turns
     for arm in ("A", "B", "C"):

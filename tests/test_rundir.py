@@ -40,6 +40,13 @@ def test_produce_commit_and_resume(tmp_path):
     again.write_config({"cycles": 3}, may_grow=("cycles",))
     with pytest.raises(ValueError, match="different config"):
         again.write_config({"cycles": 2}, may_grow=("cycles",))
+    # fields added to the code since the run was written compare at their defaults, at any depth
+    again.write_config({"cycles": 3, "train": {"lr": 1}}, defaults={"train": {"lr": 1}})
+    again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0}}, defaults={"train": {"lr": 2, "w": 1.0}})
+    with pytest.raises(ValueError, match="different config"):
+        again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0, "x": 0}}, defaults={"train": {"x": 1}})
+    with pytest.raises(ValueError, match="different config"):
+        again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0}, "new": 0})
     with pytest.raises(ValueError, match="inputs not in the manifest"):
         again.produce("b.txt", "x", write_file, inputs=["nope"])
     assert not (tmp_path / "r" / "b.txt").exists()

@@ -27,6 +27,12 @@ def _LoopConfig():  # the loop's config type, imported lazily (it pulls in the L
     return LoopConfig
 
 
+def _TrainConfig():  # imported lazily, as above
+    from .train import TrainConfig
+
+    return TrainConfig
+
+
 def _fail(msg: str) -> None:
     Console(stderr=True).print(f"[red]error:[/red] {msg}")
     raise typer.Exit(2)
@@ -144,7 +150,7 @@ def loop_cmd(
     gating: str = typer.Option("strict", help="provenance gating: strict or off (ablation)"),
     quality_threshold: float = typer.Option(0.5, help="least share of paired rollouts in which chosen beats rejected"),
     learning_rate: float = typer.Option(1e-4, help="AdamW learning rate of the LoRA weights"),
-    sft_weight: float = typer.Option(1.0, help="DPO: weight of the NLL of the chosen completion added to the DPO loss (0 = plain DPO)"),
+    sft_weight: float = typer.Option(1.0, help=help_for(_TrainConfig(), "sft_weight")),
     baseline: bool = typer.Option(True, help=help_for(_LoopConfig(), "baseline")),
     lm_batch_size: int = typer.Option(12, help=help_for(_LoopConfig(), "lm_batch_size")),
     reuse_from: str = typer.Option("", help=help_for(_LoopConfig(), "reuse_from")),

@@ -32,7 +32,7 @@ from .metrics import aggregate, group_by
 from .policies import make_policy
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
 from .rng import derive_seed
-from .rundir import RunDir
+from .rundir import RunDir, with_defaults
 from .runner import EpisodeJob, run_episodes
 from .sleep import GatingReport, SleepConfig, candidate_pairs, read_pairs, screen_and_gate, write_pairs
 from .spec import resolve_scenarios
@@ -86,6 +86,10 @@ UNTRAINED = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycl
 """Artifacts made by the untrained policy alone: the same in every run of the same model and seeds."""
 EVAL_KEYS = ("model", "tiers", "scenarios", "eval_episodes", "seed", "max_turns")
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
+ADDED_FIELDS = {"max_turns": 0}
+"""Config fields added after runs were written, each with the value that behaves as the code did
+before it: a stored config without one resumes as if it had that value. (Not every default
+qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""
 
 
 def _reuse(run: RunDir, cfg: LoopConfig) -> None:
@@ -98,7 +102,7 @@ def _reuse(run: RunDir, cfg: LoopConfig) -> None:
         raise ValueError(f"--reuse-from {cfg.reuse_from}: not a run folder (no manifest.json)")
     src = RunDir(cfg.reuse_from)
     defaults = json.loads(json.dumps(asdict(LoopConfig())))  # a field added later has its default there
-    theirs = {**defaults, **yaml.safe_load(src.path("config.yaml").read_text())}
+    theirs = with_defaults(yaml.safe_load(src.path("config.yaml").read_text()), defaults)
     mine = json.loads(json.dumps(asdict(cfg)))
     diff = [k for k in EVAL_KEYS if theirs.get(k) != mine[k]]
     if diff:
@@ -140,7 +144,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
                 for seed in episode_seeds(cfg.seed, s.id, cfg.eval_episodes)]
 
     run = RunDir(cfg.out)
-    run.write_config(json.loads(json.dumps(asdict(cfg))), may_grow=("cycles",))
+    run.write_config(json.loads(json.dumps(asdict(cfg))), may_grow=("cycles",), defaults=ADDED_FIELDS)
     specs = {s.id: s for s in resolve_scenarios(list(cfg.scenarios) or None, list(cfg.tiers), cfg.max_turns)}
     if cfg.reuse_from:
         _reuse(run, cfg)

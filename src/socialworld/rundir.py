@@ -37,6 +37,15 @@ def sha256_path(path: Path) -> str:
     return h.hexdigest()
 
 
+def with_defaults(doc: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with every key it lacks taken from ``defaults``, recursively into nested dicts."""
+    out = dict(defaults) | doc
+    for k, v in defaults.items():
+        if isinstance(v, dict) and isinstance(doc.get(k), dict):
+            out[k] = with_defaults(doc[k], v)
+    return out
+
+
 class RunDir:
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -52,14 +61,16 @@ class RunDir:
 
     # ------------------------------------------------------------------ config
 
-    def write_config(self, config: dict[str, Any], may_grow: Sequence[str] = ()) -> None:
+    def write_config(self, config: dict[str, Any], may_grow: Sequence[str] = (), defaults: dict[str, Any] | None = None) -> None:
         """Write ``config.yaml``; a resumed run must have the same config (else a clear error),
         except that the top-level integer fields named in ``may_grow`` may increase (a finished
-        loop extended by more cycles: the earlier artifacts do not depend on the later ones)."""
+        loop extended by more cycles: the earlier artifacts do not depend on the later ones).
+        A field the stored config lacks (added to the code since) counts as its value in
+        ``defaults``, at any depth."""
         path = self.root / "config.yaml"
         text = yaml.safe_dump(config, sort_keys=True)
         if path.exists():
-            old, new = yaml.safe_load(path.read_text()), yaml.safe_load(text)
+            old, new = with_defaults(yaml.safe_load(path.read_text()), defaults or {}), yaml.safe_load(text)
             grown = [k for k in may_grow if isinstance(old.get(k), int) and isinstance(new.get(k), int) and new[k] > old[k]]
             if {k: v for k, v in old.items() if k not in grown} != {k: v for k, v in new.items() if k not in grown}:
                 raise ValueError(f"{path} exists with a different config: resume with the same settings or use a new run folder")
