@@ -1,5 +1,6 @@
 """Sleep phase: exact replay, counterfactual pairs from real forks, screening, gating."""
 
+from dataclasses import replace
 from statistics import fmean
 
 import pytest
@@ -8,8 +9,8 @@ from socialworld.core import Action
 from socialworld.policies import make_policy
 from socialworld.runner import EpisodeJob, run_episodes
 from socialworld.sleep import (
-    GatingReport, ReplayMismatch, SleepConfig, action_pairs, dialogue_pairs, read_pairs, recorded_action, replay,
-    rollout_returns, screen_and_gate, write_pairs,
+    GatingReport, ReplayMismatch, SleepConfig, action_pairs, candidate_pairs, dialogue_pairs, read_pairs, recorded_action,
+    reference_pairs, replay, rollout_returns, screen_and_gate, write_pairs,
 )
 from socialworld.testing import FixedPolicy
 
@@ -54,6 +55,44 @@ def test_action_pairs_come_from_real_forks(lunch, random_eps):
         again = rollout_returns(w, _say(w, chosen), cfg, (p.scenario_id, p.seed, p.step))
         assert fmean(again) == pytest.approx(p.chosen_value)
         assert p.prompt[0]["role"] == "system" and p.chosen[0]["content"].startswith("BELIEF: ")
+
+
+def test_reference_pairs_cover_the_reference_episode_states(lunch):
+    ref = run_episodes(make_policy("expert"), [EpisodeJob(lunch, 11)])[0]
+    cfg = SleepConfig(rollouts=2, horizon=6, max_candidates=8, reference_pairs="best")
+    report = GatingReport()
+    pairs = reference_pairs(lunch, ref, cfg, report)
+    assert report.candidates == len(ref.steps) and len(pairs) + sum(report.excluded.values()) == len(ref.steps)
+    worlds = {s.setting.step: w.fork() for s, w in replay(lunch, ref)}
+    assert len({p.step for p in pairs}) == len(pairs) and {p.step for p in pairs} <= set(worlds)
+    from socialworld.sleep import _say
+
+    for p in pairs:
+        assert p.episode_id == ref.episode_id and p.chosen_value - p.rejected_value >= cfg.margin
+        belief_c, act_c = p.chosen[0]["content"].split("\nACTION: ")
+        belief_r, act_r = p.rejected[0]["content"].split("\nACTION: ")
+        assert belief_c == belief_r and act_c != act_r  # the pair differs only in the action
+        w = worlds[p.step]
+        key = (p.scenario_id, p.seed, p.step, "reference")
+        for act, value in ((act_c, p.chosen_value), (act_r, p.rejected_value)):  # both values from real forks
+            assert fmean(rollout_returns(w, _say(w, Action.parse(act)), cfg, key)) == pytest.approx(value)
+    # the reference's own action is always scored: the chosen one is at least as good
+    for p in pairs:
+        taken = recorded_action(ref.steps[p.step])
+        w = worlds[p.step]
+        assert p.chosen_value >= fmean(rollout_returns(w, _say(w, taken), cfg, (p.scenario_id, p.seed, p.step, "reference"))) - 1e-12
+    # candidate_pairs adds them only when asked, once per (scenario, seed) of the wake
+    wake = run_episodes(make_policy("random", seed=3), [EpisodeJob(lunch, 11)])
+    specs = {lunch.id: lunch}
+    off = candidate_pairs(specs, wake, {(lunch.id, 11): ref}, SleepConfig(rollouts=2, horizon=6, max_candidates=8), GatingReport())
+    on = candidate_pairs(specs, wake, {(lunch.id, 11): ref}, cfg, GatingReport())
+    assert {p.id for p in on} - {p.id for p in off} == {p.id for p in pairs}
+    # "own": chosen is the reference's own action at every kept step
+    own = reference_pairs(lunch, ref, replace(cfg, reference_pairs="own"), GatingReport())
+    assert own
+    for p in own:
+        assert p.chosen[0]["content"].split("\nACTION: ")[1] == recorded_action(ref.steps[p.step]).key
+        assert p.chosen_value - p.rejected_value >= cfg.margin
 
 
 def test_gating_excludes_weak_evidence_and_counts_reasons(lunch, random_eps):

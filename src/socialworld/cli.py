@@ -13,6 +13,7 @@ from rich.table import Table
 
 from .check import check_scenario
 from .evaluate import EvalConfig, evaluate, help_for
+from .tom import TomConfig
 from .play import play_episode
 from .spec import ScenarioError, load_builtin_scenarios, resolve_scenarios
 
@@ -31,6 +32,12 @@ def _TrainConfig():  # imported lazily, as above
     from .train import TrainConfig
 
     return TrainConfig
+
+
+def _SleepConfig():  # imported lazily, as above
+    from .sleep import SleepConfig
+
+    return SleepConfig
 
 
 def _fail(msg: str) -> None:
@@ -157,6 +164,7 @@ def loop_cmd(
     unlock: str = typer.Option("fixed", help=help_for(_LoopConfig(), "unlock")),
     tracks: str = typer.Option("action,dialogue", help=help_for(_LoopConfig(), "tracks")),
     merged: bool = typer.Option(False, help=help_for(_LoopConfig(), "merged")),
+    reference_pairs: str = typer.Option("off", help=help_for(_SleepConfig(), "reference_pairs")),
 ) -> None:
     """Wake-sleep-deploy: roll out on training seeds, build and gate counterfactual pairs, train
     one LoRA adapter per track with TRL, deploy and evaluate; resumable in --out."""
@@ -170,7 +178,7 @@ def loop_cmd(
     cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), train_episodes=train_episodes,
                      eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
                      unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged,  # type: ignore[arg-type]
-                     sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold),  # type: ignore[arg-type]
+                     sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold, reference_pairs=reference_pairs),  # type: ignore[arg-type]
                      train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight))  # type: ignore[arg-type]
     summaries = _with_bars(lambda progress: run_loop(cfg, log=console.print, progress=progress))
     t = Table(title=f"loop: {out}")
@@ -198,13 +206,10 @@ def gate_cmd(
     count what each variant keeps and excludes (no training), against the run's own pairs."""
     from dataclasses import replace
 
-    import yaml
-
-    from .loop import regate
-    from .sleep import SleepConfig
+    from .loop import regate, stored_sleep_config
 
     try:
-        own = SleepConfig(**yaml.safe_load((Path(run) / "config.yaml").read_text())["sleep"])
+        own = stored_sleep_config(run)
     except OSError as err:
         _fail(str(err))
         return
@@ -285,6 +290,41 @@ def bench_cmd(
             t.add_row(*r)
         console.print(t)
     console.print(f"report: {Path(out) / 'report.html'}")
+
+
+@app.command("tom")
+def tom_cmd(
+    model: str = typer.Option("bundled", help=help_for(TomConfig, "model")),
+    stories: int = typer.Option(12, help=help_for(TomConfig, "stories")),
+    agents: int = typer.Option(3, help=help_for(TomConfig, "agents")),
+    extra_events: int = typer.Option(3, help=help_for(TomConfig, "extra_events")),
+    seed: int = typer.Option(0, help=help_for(TomConfig, "seed")),
+    max_retries: int = typer.Option(1, help=help_for(TomConfig, "max_retries")),
+    parse_tokens: int = typer.Option(384, help=help_for(TomConfig, "parse_tokens")),
+    batch_size: int = typer.Option(8, help=help_for(TomConfig, "batch_size")),
+    out: str = typer.Option("runs/tom", help=help_for(TomConfig, "out")),
+) -> None:
+    """Theory of mind on generated Sally-Anne stories: S3AP parser quality (the model and a scripted
+    reference parser) and QA accuracy without S3AP, with the exact reference S3AP, and with the
+    model's own parse; 95% bootstrap intervals; writes tom.json and answers.jsonl to --out."""
+    from .tom import evaluate_tom
+
+    cfg = TomConfig(model=model, stories=stories, agents=agents, extra_events=extra_events, seed=seed,
+                    max_retries=max_retries, parse_tokens=parse_tokens, batch_size=batch_size, out=out)
+    doc = evaluate_tom(cfg)
+    fmt = lambda iv: f"{iv['mean']:.2f} [{iv['lo']:.2f}, {iv['hi']:.2f}]"  # noqa: E731
+    t = Table(title=f"S3AP parser quality ({stories} stories)")
+    for c in ("parser", "quality", "structural", "observation accuracy", "valid", "attempts"):
+        t.add_column(c, justify="right")
+    for name, r in doc["parser"].items():
+        t.add_row(name, fmt(r["quality"]), fmt(r["structural"]), fmt(r["observation_accuracy"]), str(r["valid"]), str(r["attempts"]))
+    console.print(t)
+    t = Table(title=f"QA accuracy ({doc['questions']} questions per row)")
+    for c in ("S3AP in prompt", "all", "reality", "first order", "second order"):
+        t.add_column(c, justify="right")
+    for source, r in doc["qa"].items():
+        t.add_row(source, fmt(r["all"]), fmt(r["reality"]), fmt(r["first_order"]), fmt(r["second_order"]))
+    console.print(t)
 
 
 @app.command("serve")

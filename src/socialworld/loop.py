@@ -86,7 +86,7 @@ UNTRAINED = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycl
 """Artifacts made by the untrained policy alone: the same in every run of the same model and seeds."""
 EVAL_KEYS = ("model", "tiers", "scenarios", "eval_episodes", "seed", "max_turns")
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
-ADDED_FIELDS = {"max_turns": 0}
+ADDED_FIELDS = {"max_turns": 0, "sleep": {"reference_pairs": "off"}}
 """Config fields added after runs were written, each with the value that behaves as the code did
 before it: a stored config without one resumes as if it had that value. (Not every default
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""
@@ -239,6 +239,14 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
     return losses, (trained or None)
 
 
+def stored_sleep_config(run_dir: str | Path) -> SleepConfig:
+    """The sleep settings a loop run was written with (fields added since filled by ``ADDED_FIELDS``)."""
+    import yaml
+
+    doc = yaml.safe_load(Path(run_dir, "config.yaml").read_text())
+    return SleepConfig(**with_defaults(doc["sleep"], ADDED_FIELDS["sleep"]))
+
+
 def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) -> dict[str, dict]:
     """Rebuild one cycle's candidate pairs from its stored wake episodes and screen and gate them
     under each variant's settings (margin, rollouts and horizon must match the run's, so the
@@ -248,7 +256,7 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
 
     run = RunDir(run_dir)
     cfg_doc = yaml.safe_load(run.path("config.yaml").read_text())
-    own = SleepConfig(**cfg_doc["sleep"])
+    own = stored_sleep_config(run_dir)
     d = f"cycle-{cycle}"
     for rel in (f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl", f"{d}/sleep"):
         if not run.complete(rel):
@@ -261,8 +269,8 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
     run_ids = sorted(p.id for t in TRACKS for p in read_pairs(run.path(f"{d}/sleep/pairs-{t}.parquet")))
     out = {}
     for name, v in {"run": own, **variants}.items():
-        if (v.margin, v.rollouts, v.horizon, v.continuation, v.max_candidates, v.seed) != \
-                (own.margin, own.rollouts, own.horizon, own.continuation, own.max_candidates, own.seed):
+        if (v.margin, v.rollouts, v.horizon, v.continuation, v.max_candidates, v.seed, v.reference_pairs) != \
+                (own.margin, own.rollouts, own.horizon, own.continuation, own.max_candidates, own.seed, own.reference_pairs):
             raise ValueError(f"variant {name}: only screening and gating settings may differ from the run's")
         report = GatingReport(candidates=build.candidates, excluded=build.excluded.copy())
         ids = sorted(p.id for p in screen_and_gate(pairs, v, report))

@@ -8,6 +8,12 @@ strict gating, with a report that counts every exclusion by reason.
 * **Action track** (step level) — prompt = the policy's prompt at that step; chosen = the best
   candidate with the true mental state of the focus NPC as its belief (a hindsight label from
   the simulator); rejected = what the policy wrote. Kept when the value margin is >= ``margin``.
+* **Reference states** (action track, ``reference_pairs`` = ``best`` or ``own``) — the same
+  scoring at each state of the reference episode (the continuation policy on the same seed):
+  chosen = the best candidate (``best``) or the reference's own action (``own``: DAgger's
+  expert label, with simulator-scored negatives), rejected = a candidate at least ``margin``
+  worse than chosen, drawn by a seeded RNG. The wake of a weak policy stays in opening states;
+  these pairs cover the rest of the task.
 * **Dialogue track** (trajectory level) — two trajectories of the same scenario and seed (the
   policy's and the continuation policy's); at aligned steps where both took the same action,
   chosen = the utterance of the higher-outcome trajectory, rejected = the other's, when its
@@ -64,6 +70,16 @@ class SleepConfig:
     q_margin: float = field(default=0.05, metadata={"help": "dialogue track: least q_t gap"})
     gating: Literal["strict", "off"] = field(default="strict", metadata={"help": "strict provenance gating, or off (ablation)"})
     seed: int = field(default=0, metadata={"help": "seed of the continuation reseeds"})
+    reference_pairs: Literal["off", "best", "own"] = field(default="off", metadata={
+        "help": "action pairs at the states of the reference (continuation-policy) episodes too: off; best (chosen = the "
+                "best candidate by rollouts); own (chosen = the reference's own action); rejected = a candidate at least "
+                "margin worse. They reach states a weak policy's own wake never visits"})
+
+    def __post_init__(self) -> None:
+        if self.gating not in ("strict", "off"):
+            raise ValueError(f"gating must be strict or off, got {self.gating!r}")
+        if self.reference_pairs not in ("off", "best", "own"):
+            raise ValueError(f"reference_pairs must be off, best or own, got {self.reference_pairs!r}")
 
     @property
     def provenance(self) -> str:
@@ -234,6 +250,47 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
     return pairs
 
 
+def reference_pairs(spec: ScenarioSpec, ref: EpisodeRecord, cfg: SleepConfig, report: GatingReport) -> list[Pair]:
+    """Step-level pairs at the states of a reference episode: chosen = the best candidate
+    (``cfg.reference_pairs == "best"``) or the reference's own action (``"own"``; a step where it
+    was not legal is excluded as ``reference_illegal``), rejected = a candidate whose value is at
+    least ``cfg.margin`` below chosen's, drawn by a seeded RNG. The reference's own action is
+    always among the candidates."""
+    from .rng import WorldRNG
+
+    pairs = []
+    for s, w in replay(spec, ref):
+        t = s.setting.step
+        key = (ref.scenario_id, ref.seed, t, "reference")
+        own = recorded_action(s)
+        cands = candidates(w, own, cfg.max_candidates, key)
+        values = {a.key: rollout_returns(w, _say(w, a), cfg, key) for a in cands}
+        best = max(cands, key=lambda a: (fmean(values[a.key]), a.key))
+        report.candidates += 1
+        if cfg.reference_pairs == "own":
+            if own is None or own.key not in values:
+                report.exclude("action", "reference_illegal")
+                continue
+            best = next(a for a in cands if a.key == own.key)
+        worse = sorted(a.key for a in cands if fmean(values[a.key]) <= fmean(values[best.key]) - cfg.margin)
+        if not worse:
+            report.exclude("action", "below_margin")
+            continue
+        rej = WorldRNG(derive_seed(*key, "rejected")).choice(worse)
+        obs = observe(spec, w.pub)
+        belief = _belief_text(focus(obs), s.mental_state.truth)
+        chosen, rejected = f"{belief}\nACTION: {best.key}", f"{belief}\nACTION: {rej}"
+        pairs.append(Pair(
+            id=_pair_id("reference", ref.episode_id, t, chosen, rejected), track="action", scenario_id=ref.scenario_id,
+            tier=ref.tier, seed=ref.seed, step=t, episode_id=ref.episode_id, prompt=build_messages(obs),
+            chosen=_assistant(chosen), rejected=_assistant(rejected), chosen_value=fmean(values[best.key]),
+            rejected_value=fmean(values[rej]), quality=fmean(float(c > r) for c, r in zip(values[best.key], values[rej])),
+            provenance=cfg.provenance, evidence=_evidence(ref), template_key=f"{ref.scenario_id}:{best.key}>{rej}",
+            snapshot=w.snapshot_json(),
+        ))
+    return pairs
+
+
 def _say(w: World, a: Action) -> Action:
     """Candidates are compared with one neutral utterance style (the expert's templates)."""
     from .policies.scripted import say
@@ -278,8 +335,12 @@ def dialogue_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, cfg: 
 def candidate_pairs(specs: dict[str, ScenarioSpec], wake: Sequence[EpisodeRecord], reference: dict[tuple[str, int], EpisodeRecord],
                     cfg: SleepConfig, report: GatingReport) -> list[Pair]:
     """All pairs of a wake (before screening and gating): action pairs of every episode, then
-    dialogue pairs against the reference episode of the same scenario and seed."""
+    (``cfg.reference_pairs``) action pairs at the reference episodes' states, then dialogue pairs
+    against the reference episode of the same scenario and seed."""
     pairs = [p for e in wake for p in action_pairs(specs[e.scenario_id], e, cfg, report)]
+    if cfg.reference_pairs != "off":
+        refs = sorted({(e.scenario_id, e.seed) for e in wake})
+        pairs += [p for k in refs for p in reference_pairs(specs[k[0]], reference[k], cfg, report)]
     pairs += [p for e in wake for p in dialogue_pairs(specs[e.scenario_id], e, reference[(e.scenario_id, e.seed)], cfg, report)]
     return pairs
 

@@ -122,3 +122,34 @@ POLICY_SYSTEM: dict[str, str] = {
 POLICY_USER: dict[str, str] = {
     "policy-v2": "{obs}",
 }
+
+# ---------------------------------------------------------------- theory-of-mind stories (issue 6)
+
+TOM_STORY_VERSION = "tom-story-v1"
+
+TOM_SENTENCES: dict[str, str] = {
+    "enter": "{agent} enters the {room}.",
+    "leave": "{agent} leaves the {room}.",
+    "place": "{agent} puts the {obj} in the {dest}.",
+    "move": "{agent} moves the {obj} to the {dest}.",
+}
+
+TOM_QUESTIONS: dict[str, str] = {
+    "reality": "Where is the {obj} really?",
+    "first_order": "Where will {a} look for the {obj}?",
+    "second_order": "Where does {a} think {b} will look for the {obj}?",
+}
+
+TOM_PROMPT_VERSION = "tom-v1"
+
+TOM_QA_SYSTEM = ("Read the story and answer the question with one place from the story. "
+                 "People only know about moves they saw while they were in the room.")
+TOM_QA_USER = "Story:\n{story}\n{s3ap}Question: {question}\nAnswer with one of: {options}."
+TOM_QA_S3AP = "Structured state (S3AP: who observed what at each timestep):\n{s3ap}\n"
+
+TOM_PARSE_SYSTEM = (
+    "Turn the story into S3AP JSON: {\"version\": \"s3ap-v1\", \"scenario_id\": \"tom\", \"seed\": 0, "
+    "\"agents\": [names], \"timesteps\": [one per sentence: {\"timestep\": i, \"state\": the sentence, "
+    "\"observations\": {name: \"<same_as_state />\" for the actor, \"<same_as_last_action_ACTOR />\" for the others "
+    "in the room, \"none\" for those outside}, \"actions\": {actor: the sentence}}]}. Reply with the JSON only.")
+TOM_PARSE_RETRY = "That is not valid S3AP: {errors}\nReply with corrected JSON only."

@@ -5,6 +5,21 @@ from __future__ import annotations
 from .models import ModelSpec, parse_model_spec
 
 
+def make_backend(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16, dtype: str = "auto"):
+    """A text backend for a model spec string (no adapters): :class:`~socialworld.lm.backends.HFBackend`
+    for local models, :class:`~socialworld.lm.backends.OpenAIBackend` for ``openai:`` specs."""
+    from .backends import HFBackend, OpenAIBackend
+    from .models import bundled_path, load_hf
+
+    ms = parse_model_spec(spec)
+    if ms.kind == "openai":
+        return OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size)
+    if ms.kind in ("bundled", "hf"):
+        model, tok = load_hf(bundled_path() if ms.kind == "bundled" else ms.name, dtype=dtype)
+        return HFBackend(model, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    raise ValueError(f"{spec!r} is a scripted policy, not a language model")
+
+
 def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16, dtype: str = "auto",
                    decoding: str = "auto", adapters: dict[str, str] | None = None):
     """Build an :class:`~socialworld.lm.policy.LMPolicy` from a model spec string; ``adapters``
@@ -32,4 +47,4 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
     raise ValueError(f"{spec!r} is a scripted policy, not a language model")
 
 
-__all__ = ["ModelSpec", "make_lm_policy", "parse_model_spec"]
+__all__ = ["ModelSpec", "make_backend", "make_lm_policy", "parse_model_spec"]
