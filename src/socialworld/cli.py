@@ -13,6 +13,7 @@ from rich.table import Table
 
 from .check import check_scenario
 from .evaluate import EvalConfig, evaluate, help_for
+from .foresee import ForeseeConfig
 from .tom import TomConfig
 from .play import play_episode
 from .spec import ScenarioError, load_builtin_scenarios, resolve_scenarios
@@ -325,6 +326,41 @@ def tom_cmd(
     for source, r in doc["qa"].items():
         t.add_row(source, fmt(r["all"]), fmt(r["reality"]), fmt(r["first_order"]), fmt(r["second_order"]))
     console.print(t)
+
+
+@app.command("foresee")
+def foresee_cmd(
+    policy: str = typer.Option("expert", help=help_for(ForeseeConfig, "policy")),
+    world_model: str = typer.Option("simulator", help=help_for(ForeseeConfig, "world_model")),
+    tier: Optional[list[str]] = typer.Option(None, "--tier", help=help_for(ForeseeConfig, "tiers")),
+    scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=help_for(ForeseeConfig, "scenarios")),
+    episodes: int = typer.Option(3, help=help_for(ForeseeConfig, "episodes")),
+    seed: int = typer.Option(0, help=help_for(ForeseeConfig, "seed")),
+    alternatives: int = typer.Option(4, help=help_for(ForeseeConfig, "alternatives")),
+    margin: float = typer.Option(1.0, help=help_for(ForeseeConfig, "margin")),
+    refine: str = typer.Option("harmful", help=help_for(ForeseeConfig, "refine")),
+    lm_batch_size: int = typer.Option(12, help=help_for(ForeseeConfig, "lm_batch_size")),
+    out: str = typer.Option("runs/foresee", help=help_for(ForeseeConfig, "out")),
+) -> None:
+    """Foresee-and-Act vs the plain policy on the same episodes: per-metric means and the paired
+    difference with 95% bootstrap intervals, and how often the draft was refined; writes
+    plain/ and foresee/ episodes and foresee.json to --out."""
+    from .foresee import evaluate_foresee
+
+    cfg = ForeseeConfig(policy=policy, world_model=world_model, tiers=tier or None, scenarios=scenario or None,
+                        episodes=episodes, seed=seed, alternatives=alternatives, margin=margin, refine=refine,
+                        lm_batch_size=lm_batch_size, out=out)
+    doc = _with_bars(lambda progress: evaluate_foresee(cfg, progress=progress))
+    fmt = lambda iv: f"{iv['mean']:+.3f} [{iv['lo']:+.3f}, {iv['hi']:+.3f}]"  # noqa: E731
+    t = Table(title=f"{doc['policy']}: plain vs Foresee-and-Act [{doc['world_model']}], {doc['episodes']} episodes")
+    for c in ("metric", "plain", "foresee", "foresee - plain (paired)"):
+        t.add_column(c, justify="right")
+    for k, d in doc["difference"].items():
+        t.add_row(k, fmt(doc["metrics"]["plain"][k]), fmt(doc["metrics"]["foresee"][k]), fmt(d))
+    console.print(t)
+    r = doc["refinement"]
+    console.print(f"refined {r['refined']} of {r['steps']} steps; {r['unparsed']} of {r['predictions']} predictions unparsed; "
+                  f"prompt tokens plain {r['tokens_in']['plain']}, foresee {r['tokens_in']['foresee']}")
 
 
 @app.command("serve")

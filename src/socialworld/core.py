@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Callable, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 ActionKind = Literal["approach", "inquire", "propose", "negotiate", "repair", "wait", "finalize", "end"]
 ACTION_KINDS: tuple[ActionKind, ...] = (
@@ -144,6 +144,8 @@ class Decision:
     tokens_in: int = 0
     tokens_out: int = 0
     latency_s: float = 0.0
+    foresight: Mapping | None = None
+    """a :class:`~socialworld.foresee.ForeseeAndAct` trace (draft, foreseen candidates, choice)"""
 
 
 # ---------------------------------------------------------------- observation (public only)
@@ -296,6 +298,9 @@ class HiddenView:
     """option tags a scheduled (not yet fired) event will make unavailable"""
     spec: object = None
     """the full :class:`~socialworld.spec.ScenarioSpec` (hidden distributions included)"""
+    fork: Callable[[], object] | None = None
+    """an independent copy of the world, RNG position included (the simulator as an exact world
+    model for lookahead; stepping the copy never changes the episode)"""
 
     def preferred(self, npc: str, slot: str) -> str:
         return preferred_option(self.npcs[npc].utilities[slot], self.npcs[npc].vetoes.get(slot, frozenset()))

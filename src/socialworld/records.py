@@ -63,6 +63,9 @@ class ActionRec(_Rec):
     error: str | None
     executed: str
     """canonical key of what the world executed (``wait()`` for unparseable/illegal)"""
+    foresight: dict[str, Any] | None = None
+    """Foresee-and-Act only: the draft, each foreseen candidate's predicted S3AP step and score,
+    the world model, and whether the draft was replaced (absent for every other policy)"""
 
 
 class Reply(_Rec):

@@ -126,6 +126,7 @@ def _step(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
             parse_status=res.parse_status,
             error=res.error,
             executed=res.executed.key,
+            **({"foresight": dict(d.foresight)} if d.foresight is not None else {}),
         ),
         dialogue=DialogueRec(
             utterance=res.executed.utterance if d.action is not None else "",

@@ -153,3 +153,18 @@ TOM_PARSE_SYSTEM = (
     "\"observations\": {name: \"<same_as_state />\" for the actor, \"<same_as_last_action_ACTOR />\" for the others "
     "in the room, \"none\" for those outside}, \"actions\": {actor: the sentence}}]}. Reply with the JSON only.")
 TOM_PARSE_RETRY = "That is not valid S3AP: {errors}\nReply with corrected JSON only."
+
+# ---------------------------------------------------------------- Foresee-and-Act world model (issue 6)
+
+FORESEE_PROMPT_VERSION = "foresee-v1"
+
+FORESEE_SYSTEM = (
+    "You predict how people react in a group decision. Given the state and the organiser's next "
+    "action, write one line per person present: their mood afterwards (low, mid, high) and their "
+    "stance afterwards on the decision the action is about (accepts, rejects, undecided; leaves if "
+    "they walk out). For example:\n"
+    "ann: mood=high stance=accepts\n"
+    "bob: mood=low stance=rejects\n\n"
+    "{brief}"
+)
+FORESEE_USER = "{obs}\nThe organiser now does: {action}\nPredict each person's reaction."

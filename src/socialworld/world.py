@@ -485,6 +485,7 @@ class World:
             conflict_first=MappingProxyType({c.npcs: f for c, f in zip(self.pub.conflicts, self.conflict_first)}),
             tags_to_invalidate=soon,
             spec=self.spec,
+            fork=self.fork,
         )
 
     # ------------------------------------------------------------ legality
