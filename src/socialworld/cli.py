@@ -13,6 +13,7 @@ from rich.table import Table
 
 from .check import check_scenario
 from .evaluate import EvalConfig, evaluate, help_for
+from .chain import ChainConfig
 from .foresee import ForeseeConfig
 from .tom import TomConfig
 from .play import play_episode
@@ -361,6 +362,40 @@ def foresee_cmd(
     r = doc["refinement"]
     console.print(f"refined {r['refined']} of {r['steps']} steps; {r['unparsed']} of {r['predictions']} predictions unparsed; "
                   f"prompt tokens plain {r['tokens_in']['plain']}, foresee {r['tokens_in']['foresee']}")
+
+
+@app.command("chain")
+def chain_cmd(
+    policy: str = typer.Option("expert", help=help_for(ChainConfig, "policy")),
+    tier: Optional[list[str]] = typer.Option(None, "--tier", help=help_for(ChainConfig, "tiers")),
+    scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=help_for(ChainConfig, "scenarios")),
+    chains: int = typer.Option(3, help=help_for(ChainConfig, "chains")),
+    length: int = typer.Option(3, help=help_for(ChainConfig, "length")),
+    mode: Optional[list[str]] = typer.Option(None, "--mode", help=help_for(ChainConfig, "modes")),
+    seed: int = typer.Option(0, help=help_for(ChainConfig, "seed")),
+    lm_batch_size: int = typer.Option(12, help=help_for(ChainConfig, "lm_batch_size")),
+    out: str = typer.Option("runs/chain", help=help_for(ChainConfig, "out")),
+) -> None:
+    """Episode chains with the same cast (NPCs remember promises, slights and what they said):
+    per memory mode (none, full, summary) and chain position, pass rate, CR and A_e with 95%
+    intervals, the paired difference from no memory, and prompt growth; writes <mode>/episodes.jsonl
+    and chain.json to --out."""
+    from .chain import MODES, run_chains
+
+    cfg = ChainConfig(policy=policy, tiers=tier or None, scenarios=scenario or None, chains=chains, length=length,
+                      modes=list(mode or MODES), seed=seed, lm_batch_size=lm_batch_size, out=out)
+    doc = _with_bars(lambda progress: run_chains(cfg, progress=progress))
+    fmt = lambda iv: f"{iv['mean']:.2f} [{iv['lo']:.2f}, {iv['hi']:.2f}]"  # noqa: E731
+    t = Table(title=f"{doc['policy']}: {doc['chains']} chains of {length}")
+    for c in ("memory", "position", "pass", "CR", "A_e", "CR vs none", "prompt tokens/step", "memory chars/step"):
+        t.add_column(c, justify="right")
+    for m, rows in doc["modes"].items():
+        for r in rows:
+            vs = r.get("vs_none", {}).get("CR")
+            t.add_row(m, str(r["position"]), fmt(r["pass"]), fmt(r["CR"]), fmt(r["A_e"]),
+                      "" if vs is None else f"{vs['mean']:+.2f} [{vs['lo']:+.2f}, {vs['hi']:+.2f}]",
+                      f"{r['prompt_tokens_per_step']:.0f}", f"{r['memory_chars_per_step']:.0f}")
+    console.print(t)
 
 
 @app.command("serve")

@@ -238,6 +238,20 @@ class Line:
 
 
 @dataclass(frozen=True, slots=True)
+class Memory:
+    """What the agent remembers of earlier episodes with the same cast (episode chains), built
+    from those episodes' public records only (see :mod:`socialworld.chain`)."""
+
+    mode: Literal["full", "summary"]
+    lines: tuple[str, ...]
+    """the memory as text (shown to language models)"""
+    facts: tuple[Fact, ...]
+    """what NPCs said about themselves before (``step`` = -k: k episodes ago)"""
+    aggrieved: tuple[str, ...]
+    """NPCs the agent let down or left unhappy (a broken promise, a low last cue, walked out)"""
+
+
+@dataclass(frozen=True, slots=True)
 class Observation:
     scenario_id: str
     scenario_name: str
@@ -260,6 +274,8 @@ class Observation:
     recent: tuple[Line, ...]
     subgoals: tuple[str, ...]
     """names of every sub-goal (public: the organiser knows what success means)"""
+    memory: Memory | None = None
+    """episode chains only: what the agent remembers of earlier episodes"""
 
     def npc(self, npc_id: str) -> NPCView:
         for n in self.npcs:

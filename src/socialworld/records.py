@@ -160,6 +160,8 @@ class Lineage(_Rec):
     world_snapshot_version: str
     templates: dict[str, str]
     run_seed: int | None = None
+    chain: dict[str, Any] | None = None
+    """episode chains only: chain id, position, memory mode and the carry-over applied to the cast"""
 
 
 class EpisodeRecord(_Rec):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from . import __version__
-from .core import Decision, Policy, PrivilegedPolicy
+from .core import Decision, Memory, Policy, PrivilegedPolicy
 from .dialogue import DIALOGUE_SOURCE
 from .metrics import align, episode_metrics
 from .records import (
@@ -47,10 +47,21 @@ TEMPLATES = {
 class EpisodeJob:
     spec: ScenarioSpec
     seed: int
+    tag: str = ""
+    """distinguishes episodes of the same (scenario, seed) run side by side (chain variants)"""
+    setup: Callable[[World], dict] | None = None
+    """applied to the fresh world before the first step (a chain's carry-over); what it returns
+    is recorded as the episode's ``lineage.chain``"""
+    memory: Memory | None = None
+    """handed to the policy in every observation of the episode (a chain's memory)"""
 
     @property
     def key(self) -> str:
-        return f"{self.spec.id}/{self.seed}"
+        return f"{self.spec.id}/{self.seed}" + (f"/{self.tag}" if self.tag else "")
+
+    def world(self) -> tuple[World, dict | None]:
+        w = World(self.spec, self.seed)
+        return w, (self.setup(w) if self.setup is not None else None)
 
 
 def is_privileged(policy: object) -> bool:
@@ -81,7 +92,8 @@ def run_episodes(
     out: list[EpisodeRecord] = []
     for start in range(0, len(jobs), batch_size):
         batch = list(jobs[start : start + batch_size])
-        worlds = [World(j.spec, j.seed) for j in batch]
+        made = [j.world() for j in batch]
+        worlds = [w for w, _ in made]
         keys = [j.key for j in batch]
         policy.reset(keys)
         steps: list[list[StepRecord]] = [[] for _ in batch]
@@ -91,11 +103,12 @@ def run_episodes(
             if not active:
                 break
             obs = [observe(worlds[i].spec, worlds[i].pub) for i in active]
+            obs = [o if batch[i].memory is None else dataclasses.replace(o, memory=batch[i].memory) for i, o in zip(active, obs)]
             decisions = decide(policy, [keys[i] for i in active], [worlds[i] for i in active], obs)
             for i, o, d in zip(active, obs, decisions):
                 steps[i].append(_step(worlds[i], o, d, info))
-        for j, w, st, p0 in zip(batch, worlds, steps, phi0):
-            ep = _episode(j, w, st, p0, info.policy_id, run_seed)
+        for j, (w, chain), st, p0 in zip(batch, made, steps, phi0):
+            ep = _episode(j, w, st, p0, info.policy_id, run_seed, chain)
             ep = ep.model_copy(update={"metrics": episode_metrics(ep)})
             ep = ep.model_copy(update={"diagnostics": diagnose(ep)})
             out.append(ep)
@@ -149,9 +162,10 @@ def _step(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
     )
 
 
-def _episode(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, policy_id: str, run_seed: int | None) -> EpisodeRecord:
+def _episode(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, policy_id: str, run_seed: int | None,
+             chain: dict | None = None) -> EpisodeRecord:
     return EpisodeRecord(
-        episode_id=f"{job.spec.id}/{job.seed}/{policy_id}",
+        episode_id=f"{job.spec.id}/{job.seed}/{policy_id}" + (f"/{job.tag}" if job.tag else ""),
         scenario_id=job.spec.id,
         tier=job.spec.tier,
         seed=job.seed,
@@ -175,6 +189,7 @@ def _episode(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, po
             world_snapshot_version=SNAPSHOT_VERSION,
             templates=TEMPLATES,
             run_seed=run_seed,
+            **({"chain": chain} if chain is not None else {}),
         ),
     )
 

@@ -168,3 +168,11 @@ FORESEE_SYSTEM = (
     "{brief}"
 )
 FORESEE_USER = "{obs}\nThe organiser now does: {action}\nPredict each person's reaction."
+
+# ---------------------------------------------------------------- episode-chain memory (issue 6)
+
+MEMORY_TEXT_VERSION = "memory-v1"
+MEMORY_HEADER = "From earlier meetings with the same people ({mode} memory):"
+MEMORY_FULL_EPISODE = "Meeting {n}:"
+MEMORY_SUMMARY_EPISODE = "Meeting {n}: {outcome}. Worked: {worked}."
+MEMORY_SUMMARY_NPC = "  {npc}: {known}{ending}"

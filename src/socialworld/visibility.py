@@ -144,8 +144,18 @@ def legal_actions(obs: Observation) -> list[Action]:
     return out
 
 
+def memory_text(obs: Observation) -> str:
+    """The observation's chain memory as text (``memory-v1``), or "" when it has none."""
+    from .templates import MEMORY_HEADER
+
+    if obs.memory is None:
+        return ""
+    return "\n".join((MEMORY_HEADER.format(mode=obs.memory.mode), *obs.memory.lines)) + "\n"
+
+
 def render(obs: Observation) -> str:
-    """The observation as text (template ``observation-text-v1``)."""
+    """The observation as text (template ``observation-text-v1``; a chain's memory, when there
+    is one, follows it)."""
     names = {n.id: n.name for n in obs.npcs}
     people = "\n".join(
         f"- {n.name} [{n.id}]: {n.profile}" + (f" ({n.cue})" if n.cue else "") + ("" if n.present else " (not here)")
@@ -194,7 +204,7 @@ def render(obs: Observation) -> str:
     recent = ("Recent:\n" + "\n".join(f"  {names.get(x.speaker, x.speaker)}: {x.text}" for x in obs.recent) + "\n") if obs.recent else ""
     offers = "; ".join(f"{o.id} ({o.text})" for o in obs.offers) or "none"
     budget_line = f"Budget: {obs.budget_left:g} of {obs.budget:g} left\n" if obs.budget is not None else ""
-    return OBSERVATION_TEXT.format(
+    text = OBSERVATION_TEXT.format(
         name=obs.scenario_name,
         tier=obs.tier,
         step=obs.step,
@@ -212,3 +222,5 @@ def render(obs: Observation) -> str:
         recent=recent,
         offers=offers,
     )
+    return text + memory_text(obs)
+

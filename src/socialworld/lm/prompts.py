@@ -7,6 +7,7 @@ import re
 
 from ..core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation
 from ..templates import POLICY_PROMPT_VERSION, POLICY_SYSTEM, POLICY_USER
+from ..visibility import memory_text
 
 
 def brief(obs: Observation) -> str:
@@ -47,6 +48,8 @@ def compact(obs: Observation) -> str:
     if obs.recent:
         last = obs.recent[-1]
         lines.append(f"Last: {last.speaker}: {last.text}")
+    if obs.memory is not None:
+        lines.append(memory_text(obs).rstrip("\n"))
     return "\n".join(lines)
 
 

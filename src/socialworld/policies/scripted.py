@@ -76,11 +76,17 @@ class Beliefs:
 
     seen: int = 0
     """how many facts of the (append-only) fact log have been absorbed"""
+    remembered: bool = False
+    """whether the chain memory's facts (earlier episodes) have been absorbed"""
 
     def update(self, obs: Observation) -> Beliefs:
-        """Absorb the facts added since the last update (facts are append-only)."""
+        """Absorb the facts added since the last update (facts are append-only); on the first
+        update of a chained episode, first what NPCs said in earlier episodes."""
         b = self
         new, b.seen = obs.facts[b.seen :], len(obs.facts)
+        if not b.remembered and obs.memory is not None:
+            b.remembered = True
+            new = obs.memory.facts + new
         for f in new:
             if f.kind == "prefers":
                 b.prefers.setdefault(f.npc, {})[f.slot] = f.option  # type: ignore[index]
@@ -193,6 +199,11 @@ class ExpertPolicy:
                 pick = min(c.npcs, key=lambda n: _ORDER.get(cue[n] or "mid", 1))
             tries.append(pick)
             return say(obs, Action("repair", npc=pick))
+        # 1b. chained episodes: make amends first with whoever we let down last time
+        for npc in obs.memory.aggrieved if obs.memory is not None else ():
+            if npc not in m.repaired and obs.npc(npc).present:
+                m.repaired.add(npc)
+                return say(obs, Action("repair", npc=npc))
         # 2. decisions, one at a time
         for s in obs.slots:
             if s.status != "open":
