@@ -9,7 +9,8 @@ from socialworld.lm.backends import Completion
 from socialworld.s3ap import S3APDocument
 from socialworld.tom import (
     NOT_OBSERVED, SAME_AS_STATE, ScriptedS3APParser, StoryEvent, TomConfig, answer_questions, evaluate_tom,
-    generate_stories, generate_story, observation_accuracy, parse_s3ap, parser_quality, validate_s3ap,
+    generate_stories, generate_story, observation_accuracy, parse_s3ap, parser_quality, validate_s3ap, world_stories,
+    world_story,
 )
 
 
@@ -134,7 +135,7 @@ def tiny_backend(tmp_path_factory):
 
 
 def test_tom_evaluation_with_a_tiny_model(tiny_backend, tmp_path):
-    cfg = TomConfig(stories=3, seed=5, max_retries=1, out=str(tmp_path / "tom"))
+    cfg = TomConfig(stories=3, seed=5, max_retries=1, world_stories=2, out=str(tmp_path / "tom"))
     doc = evaluate_tom(cfg, backend=tiny_backend)
     n = doc["questions"]
     assert n == sum(len(s.questions) for s in generate_stories(5, 3))
@@ -145,8 +146,10 @@ def test_tom_evaluation_with_a_tiny_model(tiny_backend, tmp_path):
         q = doc["qa"][source]
         assert q["unanswered"] == 0 and 0 <= q["all"]["lo"] <= q["all"]["mean"] <= q["all"]["hi"] <= 1
     rows = [json.loads(line) for line in (tmp_path / "tom" / "answers.jsonl").read_text().splitlines()]
-    assert len(rows) == 3 * n
-    stories = {s.id: s for s in generate_stories(5, 3)}
+    world = doc["world"]
+    assert world["stories"] == 2 and world["parser"]["scripted"]["quality"]["mean"] == 1.0
+    assert len(rows) == 3 * (n + world["questions"])
+    stories = {s.id: s for s in [*generate_stories(5, 3), *world_stories(5, 2)]}
     assert all(r["given"] in stories[r["story"]].containers for r in rows)  # constrained: always a container
     # accuracy in the document is recomputed from the rows
     none = [r for r in rows if r["source"] == "none"]
@@ -162,8 +165,37 @@ def test_tom_command_on_a_local_model_folder(tmp_path):
 
     folder = tiny_lm(tmp_path / "m")
     r = CliRunner().invoke(app, ["tom", "--model", str(folder), "--stories", "2", "--parse-tokens", "8", "--max-retries", "0",
-                                 "--out", str(tmp_path / "out")])
+                                 "--world-stories", "1", "--out", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
-    assert "QA accuracy" in r.output and "scripted" in r.output
+    assert "QA accuracy" in r.output and "scripted" in r.output and "world episodes" in r.output
     doc = json.loads((tmp_path / "out" / "tom.json").read_text())
     assert doc["parser"]["model"]["attempts"] == 2 and doc["config"]["stories"] == 2
+
+
+def test_world_episodes_as_stories():
+    from socialworld.policies import ExpertPolicy
+    from socialworld.runner import EpisodeJob, run_episodes
+    from socialworld.spec import load_builtin_scenarios
+
+    spec = load_builtin_scenarios()["hackathon-v1"]
+    eps = run_episodes(ExpertPolicy(), [EpisodeJob(spec, s) for s in range(6)])
+    stories = [s for s in (world_story(e) for e in eps) if s is not None]
+    assert stories and all(s.version == "world-story-v1" for s in stories)
+    for ep, s in ((e, world_story(e)) for e in eps):
+        if s is None:
+            assert not any(st.action.executed.startswith("propose(") for st in ep.steps)
+            continue
+        proposals = [st.action.executed for st in ep.steps if st.action.executed.startswith("propose(")]
+        assert sum(e.kind == "propose" for e in s.events) == len(proposals)
+        S3APDocument.model_validate_json(s.reference.model_dump_json())
+        # reality: the last proposal of each decision
+        last = {}
+        for a in proposals:
+            slot, option, _ = [x.strip() for x in a[len("propose("):-1].split(",")]
+            last[slot] = option
+        assert {q.text.split()[1]: q.answer for q in s.questions if q.kind == "reality"} == last
+    # the late arrival never heard the proposals made before it came in: a false (empty) belief
+    late = [q for s in stories for q in s.questions if q.kind == "first_order" and q.answer == "nothing"]
+    assert late and all(q.answer in s.containers for s in stories for q in s.questions)
+    results = parse_s3ap(ScriptedS3APParser(), [s.text for s in stories])
+    assert all(parser_quality(r, s.reference)["quality"] == 1.0 for r, s in zip(results, stories))

@@ -304,6 +304,7 @@ def tom_cmd(
     max_retries: int = typer.Option(1, help=help_for(TomConfig, "max_retries")),
     parse_tokens: int = typer.Option(384, help=help_for(TomConfig, "parse_tokens")),
     batch_size: int = typer.Option(8, help=help_for(TomConfig, "batch_size")),
+    world_stories: int = typer.Option(8, help=help_for(TomConfig, "world_stories")),
     out: str = typer.Option("runs/tom", help=help_for(TomConfig, "out")),
 ) -> None:
     """Theory of mind on generated Sally-Anne stories: S3AP parser quality (the model and a scripted
@@ -312,16 +313,23 @@ def tom_cmd(
     from .tom import evaluate_tom
 
     cfg = TomConfig(model=model, stories=stories, agents=agents, extra_events=extra_events, seed=seed,
-                    max_retries=max_retries, parse_tokens=parse_tokens, batch_size=batch_size, out=out)
+                    max_retries=max_retries, parse_tokens=parse_tokens, batch_size=batch_size, world_stories=world_stories,
+                    out=out)
     doc = evaluate_tom(cfg)
+    _tom_tables(f"{stories} generated stories", doc)
+    if doc["world"]:
+        _tom_tables(f"{doc['world']['stories']} stories from world episodes", doc["world"])
+
+
+def _tom_tables(what: str, doc: dict) -> None:
     fmt = lambda iv: f"{iv['mean']:.2f} [{iv['lo']:.2f}, {iv['hi']:.2f}]"  # noqa: E731
-    t = Table(title=f"S3AP parser quality ({stories} stories)")
+    t = Table(title=f"S3AP parser quality ({what})")
     for c in ("parser", "quality", "structural", "observation accuracy", "valid", "attempts"):
         t.add_column(c, justify="right")
     for name, r in doc["parser"].items():
         t.add_row(name, fmt(r["quality"]), fmt(r["structural"]), fmt(r["observation_accuracy"]), str(r["valid"]), str(r["attempts"]))
     console.print(t)
-    t = Table(title=f"QA accuracy ({doc['questions']} questions per row)")
+    t = Table(title=f"QA accuracy ({what}: {doc['questions']} questions per row)")
     for c in ("S3AP in prompt", "all", "reality", "first order", "second order"):
         t.add_column(c, justify="right")
     for source, r in doc["qa"].items():

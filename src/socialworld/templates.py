@@ -140,10 +140,25 @@ TOM_QUESTIONS: dict[str, str] = {
     "second_order": "Where does {a} think {b} will look for the {obj}?",
 }
 
+# world episodes as stories (the second source): who was there when each proposal was made
+WORLD_STORY_VERSION = "world-story-v1"
+WORLD_SENTENCES: dict[str, str] = {
+    "propose": "{agent} proposes the {dest} for the {obj}.",
+}
+WORLD_QUESTIONS: dict[str, str] = {
+    "reality": "Which {obj} was proposed last?",
+    "first_order": "Which {obj} does {a} think was proposed last?",
+    "second_order": "Which {obj} does {a} think {b} heard proposed last?",
+}
+WORLD_NOTHING = "nothing"
+WORLD_ORGANISER = "Organiser"
+
 TOM_PROMPT_VERSION = "tom-v1"
 
 TOM_QA_SYSTEM = ("Read the story and answer the question with one place from the story. "
                  "People only know about moves they saw while they were in the room.")
+WORLD_QA_SYSTEM = ("Read the story and answer the question with one option from the story, or nothing. "
+                   "People only hear proposals made while they are in the room.")
 TOM_QA_USER = "Story:\n{story}\n{s3ap}Question: {question}\nAnswer with one of: {options}."
 TOM_QA_S3AP = "Structured state (S3AP: who observed what at each timestep):\n{s3ap}\n"
 

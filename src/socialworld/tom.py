@@ -32,7 +32,8 @@ from .rng import WorldRNG, derive_seed
 from .s3ap import S3AP_VERSION, S3APDocument, S3APStep
 from .templates import (
     TOM_PARSE_RETRY, TOM_PARSE_SYSTEM, TOM_PROMPT_VERSION, TOM_QA_S3AP, TOM_QA_SYSTEM, TOM_QA_USER, TOM_QUESTIONS,
-    TOM_SENTENCES, TOM_STORY_VERSION,
+    TOM_SENTENCES, TOM_STORY_VERSION, WORLD_NOTHING, WORLD_ORGANISER, WORLD_QA_SYSTEM, WORLD_QUESTIONS, WORLD_SENTENCES,
+    WORLD_STORY_VERSION,
 )
 
 NAMES = ("Sally", "Anne", "Tom", "Mia", "Omar", "Lena", "Ravi", "Yuki")
@@ -50,9 +51,11 @@ def same_as_last_action(actor: str) -> str:
 
 class StoryEvent(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["enter", "leave", "place", "move"]
+    kind: Literal["enter", "leave", "place", "move", "propose"]
     agent: str
     dest: str | None = None
+    obj: str | None = None
+    """world stories: the decision a proposal is about"""
 
 
 class Question(BaseModel):
@@ -66,7 +69,7 @@ class Question(BaseModel):
 
 class Story(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    version: Literal["tom-story-v1"] = TOM_STORY_VERSION
+    version: Literal["tom-story-v1", "world-story-v1"] = TOM_STORY_VERSION
     id: str
     seed: int
     agents: list[str]
@@ -164,6 +167,130 @@ def generate_stories(seed: int, n: int, **kw) -> list[Story]:
     return [generate_story(derive_seed(seed, "tom", i), **kw) for i in range(n)]
 
 
+# ------------------------------------------------------------------ world episodes as stories
+
+
+@dataclass
+class _WorldTracker:
+    """Who is in the room and, per decision, the last proposal: the truth, what each agent heard
+    last, and what each agent can assume another heard (the last proposal both were there for)."""
+
+    agents: list[str]
+    present: set[str] = field(default_factory=set)
+    loc: dict[str, str] = field(default_factory=dict)
+    belief: dict[tuple[str, str], str] = field(default_factory=dict)
+    belief2: dict[tuple[str, str, str], str] = field(default_factory=dict)
+
+    def apply(self, ev: StoryEvent) -> None:
+        if ev.kind == "enter":
+            self.present.add(ev.agent)
+        elif ev.kind == "leave":
+            self.present.discard(ev.agent)
+        elif ev.kind == "propose":
+            assert ev.obj is not None and ev.dest is not None
+            self.loc[ev.obj] = ev.dest
+            for a in self.present:
+                self.belief[(a, ev.obj)] = ev.dest
+                for b in self.present:
+                    self.belief2[(a, b, ev.obj)] = ev.dest
+        else:
+            raise ValueError(f"a world story has no {ev.kind!r} events")
+
+    def state(self) -> str:
+        who = ", ".join(a for a in self.agents if a in self.present) or "nobody"
+        proposed = ", ".join(f"{k}={v}" for k, v in sorted(self.loc.items())) or "nothing"
+        return f"In the {ROOM}: {who}; proposed: {proposed}."
+
+
+def _world_sentence(ev: StoryEvent) -> str:
+    if ev.kind == "propose":
+        return WORLD_SENTENCES["propose"].format(agent=ev.agent, obj=ev.obj, dest=ev.dest)
+    return _sentence(ev, "")
+
+
+def _world_reference(sid: str, seed: int, agents: list[str], events: Sequence[StoryEvent]) -> tuple[S3APDocument, _WorldTracker]:
+    tr, steps = _WorldTracker(agents), []
+    for t, ev in enumerate(events):
+        before = set(tr.present)
+        tr.apply(ev)
+        saw = before | tr.present
+        steps.append(S3APStep(
+            timestep=t, state=tr.state(),
+            observations={a: SAME_AS_STATE if a == ev.agent else same_as_last_action(ev.agent) if a in saw else NOT_OBSERVED
+                          for a in agents},
+            actions={a: (_world_sentence(ev) if a == ev.agent else NOT_OBSERVED) for a in agents}))
+    return S3APDocument(scenario_id=sid, seed=seed, agents=agents, timesteps=steps), tr
+
+
+def world_story(ep) -> Story | None:
+    """One of our world's episodes as a location-tracking story (``world-story-v1``): the
+    organiser and the NPCs enter and leave as they did, and every executed proposal is told as
+    "Organiser proposes the OPTION for the DECISION." Questions ask which option was proposed last
+    (reality), which one each NPC heard last (first order: they only hear proposals made while
+    they are in the room), and which one an NPC can assume another heard (second order). Exact
+    answers and reference S3AP come from the record; None when the episode has no proposal."""
+    if not ep.steps:
+        return None
+    first = ep.steps[0].observation.structured
+    names = {n["id"]: n["name"] for n in first["npcs"]}
+    options = {s["id"]: [o["id"] for o in s["options"]] for s in first["slots"]}
+    agents = [WORLD_ORGANISER, *names.values()]
+    events = [StoryEvent(kind="enter", agent=WORLD_ORGANISER)]
+    here: set[str] = set()
+
+    def presence(now: dict[str, bool]) -> None:
+        for nid, name in names.items():
+            if now.get(nid) and name not in here:
+                here.add(name)
+                events.append(StoryEvent(kind="enter", agent=name))
+            elif not now.get(nid) and name in here:
+                here.discard(name)
+                events.append(StoryEvent(kind="leave", agent=name))
+
+    for st in ep.steps:
+        presence({n["id"]: n["present"] for n in st.observation.structured["npcs"]})
+        a = st.action.executed
+        if a.startswith("propose("):
+            slot, option, _ = [x.strip() for x in a[len("propose("):-1].split(",")]
+            events.append(StoryEvent(kind="propose", agent=WORLD_ORGANISER, obj=slot, dest=option))
+    presence(ep.final.present)
+    proposed = list(dict.fromkeys(e.obj for e in events if e.kind == "propose"))
+    if not proposed:
+        return None
+    sid = f"world-{ep.scenario_id}-{ep.seed}"
+    reference, tr = _world_reference(sid, ep.seed, agents, events)
+    npcs = list(names.values())
+    questions = []
+    for obj in proposed:
+        questions.append(Question(kind="reality", text=WORLD_QUESTIONS["reality"].format(obj=obj), answer=tr.loc[obj], about=[]))
+        questions += [Question(kind="first_order", text=WORLD_QUESTIONS["first_order"].format(a=a, obj=obj),
+                               answer=tr.belief.get((a, obj), WORLD_NOTHING), about=[a]) for a in npcs]
+        questions += [Question(kind="second_order", text=WORLD_QUESTIONS["second_order"].format(a=a, b=b, obj=obj),
+                               answer=tr.belief2.get((a, b, obj), WORLD_NOTHING), about=[a, b])
+                      for a in npcs for b in npcs if a != b]
+    containers = [o for obj in proposed for o in options[obj]] + [WORLD_NOTHING]
+    return Story(version=WORLD_STORY_VERSION, id=sid, seed=ep.seed, agents=agents, obj=", ".join(proposed),
+                 containers=list(dict.fromkeys(containers)), events=events,
+                 sentences=[_world_sentence(e) for e in events], questions=questions, reference=reference)
+
+
+def world_stories(seed: int, n: int, policy: str = "expert") -> list[Story]:
+    """``n`` stories from episodes of ``policy`` over the shipped scenarios in turn (episodes
+    without a proposal are skipped; at most ``4 n`` episodes are tried)."""
+    from .policies import make_policy
+    from .runner import EpisodeJob, run_episodes
+    from .spec import load_builtin_scenarios
+
+    specs = sorted(load_builtin_scenarios().values(), key=lambda s: (s.tier, s.id))
+    jobs = [EpisodeJob(specs[i % len(specs)], derive_seed(seed, "tom-world", i)) for i in range(4 * n)]
+    out: list[Story] = []
+    for ep in run_episodes(make_policy(policy, seed=seed), jobs):
+        story = world_story(ep)
+        if story is not None and len(out) < n:
+            out.append(story)
+    return out
+
+
 # ------------------------------------------------------------------ S3AP parsing
 
 
@@ -232,6 +359,8 @@ def parse_s3ap(backend, texts: Sequence[str], max_retries: int = 2) -> list[Pars
     return [ParseResult(d, a, e) for d, a, e in zip(docs, attempts, errors)]
 
 
+_WORLD_PROPOSE = re.compile("^" + re.escape(WORLD_SENTENCES["propose"]).replace(r"\{agent\}", r"(?P<agent>\w+)")
+                            .replace(r"\{obj\}", r"(?P<obj>\w+)").replace(r"\{dest\}", r"(?P<dest>\w+)") + "$")
 _PATTERNS = {kind: re.compile("^" + re.escape(t).replace(r"\{agent\}", r"(?P<agent>\w+)").replace(r"\{room\}", r"\w+")
                               .replace(r"\{obj\}", r"(?P<obj>\w+)").replace(r"\{dest\}", r"(?P<dest>\w+)") + "$")
              for kind, t in TOM_SENTENCES.items()}
@@ -253,6 +382,10 @@ class ScriptedS3APParser:
     def _parse(self, text: str) -> str:
         events, obj = [], None
         for sent in re.split(r"(?<=\.)\s+", text.strip()):
+            m = _WORLD_PROPOSE.match(sent)
+            if m:
+                events.append(StoryEvent(kind="propose", agent=m["agent"], obj=m["obj"], dest=m["dest"]))
+                continue
             for kind, pat in _PATTERNS.items():
                 m = pat.match(sent)
                 if m:
@@ -262,6 +395,10 @@ class ScriptedS3APParser:
             else:
                 return "{}"
         agents = list(dict.fromkeys(e.agent for e in events))
+        if any(e.kind == "propose" for e in events):
+            if any(e.kind in ("place", "move") for e in events):
+                return "{}"
+            return _world_reference("tom", 0, agents, events)[0].model_dump_json()
         tr, steps = _Tracker(agents), []
         for t, ev in enumerate(events):
             before = set(tr.present)
@@ -300,7 +437,8 @@ def parser_quality(result: ParseResult, reference: S3APDocument) -> dict[str, fl
 def qa_messages(story: Story, q: Question, s3ap: S3APDocument | None) -> list[dict[str, str]]:
     """The QA prompt (``tom-v1``), with the S3AP document in it when given."""
     extra = TOM_QA_S3AP.format(s3ap=s3ap.model_dump_json()) if s3ap is not None else ""
-    return [{"role": "system", "content": TOM_QA_SYSTEM},
+    system = WORLD_QA_SYSTEM if story.version == WORLD_STORY_VERSION else TOM_QA_SYSTEM
+    return [{"role": "system", "content": system},
             {"role": "user", "content": TOM_QA_USER.format(story=story.text, s3ap=extra, question=q.text,
                                                            options=", ".join(story.containers))}]
 
@@ -323,7 +461,7 @@ def answer_questions(backend, items: Sequence[tuple[Story, Question, S3APDocumen
 
 __all__ = ["Story", "Question", "StoryEvent", "ParseResult", "ScriptedS3APParser", "generate_story", "generate_stories",
            "validate_s3ap", "parse_s3ap", "observation_accuracy", "parser_quality", "qa_messages", "answer_questions",
-           "TOM_PROMPT_VERSION"]
+           "TOM_PROMPT_VERSION", "world_story", "world_stories"]
 
 
 # ------------------------------------------------------------------ the evaluation
@@ -339,6 +477,7 @@ class TomConfig:
     max_retries: int = field(default=1, metadata={"help": "parser retries with the validation errors fed back"})
     parse_tokens: int = field(default=384, metadata={"help": "most new tokens per parser reply"})
     batch_size: int = field(default=8, metadata={"help": "prompts per forward pass"})
+    world_stories: int = field(default=8, metadata={"help": "stories from expert episodes of our own world (the second source; 0: none)"})
     out: str = field(default="runs/tom", metadata={"help": "folder for tom.json and answers.jsonl"})
 
 
@@ -346,26 +485,11 @@ S3AP_SOURCES = ("none", "reference", "parsed")
 """QA prompt variants: no S3AP, the exact reference S3AP, the model's own parse (none where it failed)"""
 
 
-def evaluate_tom(cfg: TomConfig, backend=None) -> dict:
-    """Parser quality (the model and the scripted reference parser) and QA accuracy per S3AP
-    source and question kind, each a mean with a 95% bootstrap interval; writes ``tom.json`` and
-    ``answers.jsonl`` to ``cfg.out`` atomically. ``backend`` overrides ``cfg.model`` (tests)."""
-    from pathlib import Path
-
-    from .records import atomic_write_text
-    from .stats import bootstrap
-
-    if backend is None:
-        from .lm import make_backend
-
-        backend = make_backend(cfg.model, max_new_tokens=cfg.parse_tokens, batch_size=cfg.batch_size)
-    stories = generate_stories(cfg.seed, cfg.stories, n_agents=cfg.agents, n_extra=cfg.extra_events)
+def _evaluate_source(backend, stories: Sequence[Story], max_retries: int, iv) -> tuple[dict, dict, list[dict]]:
+    """Parser rows (the model and the scripted parser), QA per S3AP source and question kind, and
+    the answer rows, for one set of stories."""
     parsers = {"model": backend, "scripted": ScriptedS3APParser()}
-    parses = {name: parse_s3ap(p, [s.text for s in stories], cfg.max_retries) for name, p in parsers.items()}
-
-    def iv(values: Sequence[float]) -> dict:
-        return bootstrap(values, seed=cfg.seed).as_dict()
-
+    parses = {name: parse_s3ap(p, [s.text for s in stories], max_retries) for name, p in parsers.items()}
     parser_rows = {}
     for name, results in parses.items():
         q = [parser_quality(r, s.reference) for r, s in zip(results, stories)]
@@ -383,9 +507,38 @@ def evaluate_tom(cfg: TomConfig, backend=None) -> dict:
             qa[source][kind] = iv([c for c, (_, q, _) in zip(correct, items) if q.kind == kind])
         rows += [{"story": s.id, "source": source, "kind": q.kind, "question": q.text, "answer": q.answer, "given": a}
                  for (s, q, _), a in zip(items, answers)]
+    return parser_rows, qa, rows
+
+
+def evaluate_tom(cfg: TomConfig, backend=None) -> dict:
+    """Parser quality (the model and the scripted reference parser) and QA accuracy per S3AP
+    source and question kind, each a mean with a 95% bootstrap interval; writes ``tom.json`` and
+    ``answers.jsonl`` to ``cfg.out`` atomically. ``backend`` overrides ``cfg.model`` (tests)."""
+    from pathlib import Path
+
+    from .records import atomic_write_text
+    from .stats import bootstrap
+
+    if backend is None:
+        from .lm import make_backend
+
+        backend = make_backend(cfg.model, max_new_tokens=cfg.parse_tokens, batch_size=cfg.batch_size)
+    stories = generate_stories(cfg.seed, cfg.stories, n_agents=cfg.agents, n_extra=cfg.extra_events)
+
+    def iv(values: Sequence[float]) -> dict:
+        return bootstrap(values, seed=cfg.seed).as_dict()
+
+    parser_rows, qa, rows = _evaluate_source(backend, stories, cfg.max_retries, iv)
+    world = world_stories(cfg.seed, cfg.world_stories) if cfg.world_stories > 0 else []
+    world_doc = None
+    if world:
+        w_parser, w_qa, w_rows = _evaluate_source(backend, world, cfg.max_retries, iv)
+        rows += w_rows
+        world_doc = {"story_version": WORLD_STORY_VERSION, "stories": len(world), "parser": w_parser, "qa": w_qa,
+                     "questions": len(w_rows) // len(S3AP_SOURCES)}
     doc = {"prompt_version": TOM_PROMPT_VERSION, "story_version": TOM_STORY_VERSION, "model": getattr(backend, "name", cfg.model),
            "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "parser": parser_rows, "qa": qa,
-           "questions": len(rows) // len(S3AP_SOURCES)}
+           "questions": sum(len(s.questions) for s in stories), "world": world_doc}
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "answers.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
