@@ -184,5 +184,5 @@ def test_evaluation_document_and_command(tmp_path):
 
     r = CliRunner().invoke(app, ["foresee", "--policy", "random", "--tier", "L0", "--episodes", "1", "--out", str(tmp_path / "b")])
     assert r.exit_code == 0, r.output
-    assert "plain vs Foresee-and-Act" in r.output and "refined" in r.output
+    assert "plain vs Foresee-and-Act [simulator]" in r.output and "refined" in r.output
     assert json.loads((tmp_path / "b" / "foresee.json").read_text())["world_model"] == "simulator"

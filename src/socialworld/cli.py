@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -361,7 +362,7 @@ def foresee_cmd(
                         lm_batch_size=lm_batch_size, out=out)
     doc = _with_bars(lambda progress: evaluate_foresee(cfg, progress=progress))
     fmt = lambda iv: f"{iv['mean']:+.3f} [{iv['lo']:+.3f}, {iv['hi']:+.3f}]"  # noqa: E731
-    t = Table(title=f"{doc['policy']}: plain vs Foresee-and-Act [{doc['world_model']}], {doc['episodes']} episodes")
+    t = Table(title=escape(f"{doc['policy']}: plain vs Foresee-and-Act [{doc['world_model']}], {doc['episodes']} episodes"))
     for c in ("metric", "plain", "foresee", "foresee - plain (paired)"):
         t.add_column(c, justify="right")
     for k, d in doc["difference"].items():
