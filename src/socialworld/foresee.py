@@ -8,9 +8,10 @@
 3. asks a :class:`WorldModel` to predict, for the draft and each alternative, the next timestep
    as an S3AP step (:class:`~socialworld.s3ap.S3APStep`): each present NPC's ``<mental_state>``
    afterwards — mood bucket and stance on the decision the action is about;
-4. scores every prediction with :func:`foresight_score` and keeps the draft unless an
-   alternative scores at least ``margin`` higher, in which case it acts that alternative
-   (with the expert's templated utterance, ``agent-utterances-v1``).
+4. scores every prediction with :func:`foresight_score`; with ``refine="harmful"`` (default) a
+   draft foreseen to score 0 or more is kept, and with ``"argmax"`` any draft may be refined: it
+   is replaced by the best alternative when that scores at least ``margin`` higher (acted with
+   the expert's templated utterance, ``agent-utterances-v1``).
 
 The draft's mental-state estimate is kept either way; a draft that is unparseable or illegal
 is not refined (its penalty stands: refinement is not a repair of the output). The whole trace —
@@ -311,8 +312,8 @@ class ForeseeAndAct:
             draft_score = cands[0][1].score
             scored = [(a, f) for a, f in cands if f.score is not None]
             best = max(scored, key=lambda af: af[1].score, default=None)  # first on ties: the draft
-            harmful = draft_score is None or draft_score < 0 or self.refine == "argmax"
-            replace = harmful and best is not None and best[0] is not cands[0][0] and (
+            may_refine = self.refine == "argmax" or draft_score is None or draft_score < 0
+            replace = may_refine and best is not None and best[0] is not cands[0][0] and (
                 draft_score is None or best[1].score >= draft_score + self.margin)  # type: ignore[operator]
             action = best[0] if replace and best is not None else d.action
             trace = {"world_model": self.world_model.name, "draft": d.action.key if d.action else None,
