@@ -19,7 +19,7 @@ from socialworld.train import TrainConfig  # noqa: E402
 def _cfg(tiny_dir, out):
     return LoopConfig(out=str(out), model=str(tiny_dir), cycles=2, tiers=("L0",), train_episodes=1, eval_episodes=1,
                       lm_batch_size=4, sleep=SleepConfig(rollouts=1, horizon=3, max_candidates=4, quality_threshold=0.0),
-                      train=TrainConfig(method="dpo", steps=1, batch_size=2, max_length=512))
+                      train=TrainConfig(method="dpo", steps=1, batch_size=2, max_length=1024))
 
 
 def test_seeds_are_disjoint():
@@ -56,6 +56,8 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
     logs = []
     full = run_loop(_cfg(tiny_dir, tmp_path / "a"), log=logs.append)
     assert [s["cycle"] for s in full] == [1, 2] and all("pass_rate" in s["eval"] for s in full)
+    # each cycle's wake rode in the previous evaluation's rollout (same policy)
+    assert [m.split(":")[0] for m in logs if m.endswith("evaluation rollout)")] == ["cycle 1", "cycle 2"]
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())["artifacts"]
     assert "cycle-2/train/action/adapter" in manifest and "cycle-1/sleep" in manifest
     steps = [json.loads(line) for line in (tmp_path / "a" / "cycle-2/eval/episodes.jsonl").read_text().splitlines()]
@@ -105,6 +107,31 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
         run_loop(_cfg(tiny_dir, tmp_path / "b"))
     monkeypatch.setattr(loop_mod, "train_adapter", real)
     assert run_loop(_cfg(tiny_dir, tmp_path / "b")) == full
+
+    # killed between the evaluation's commit and the fused wake's: the wake then made on its own
+    # (a rollout of its own, other batch-mates) has the same records
+    real_write, wrote = loop_mod.write_jsonl, []
+
+    def no_fused_wake(path, eps):
+        if "cycle-1/wake" in str(path) and not wrote:
+            wrote.append(path)
+            raise KeyboardInterrupt
+        return real_write(path, eps)
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop_mod, "write_jsonl", no_fused_wake)
+    monkeypatch.setattr(loop_mod, "train_adapter", stop)
+    for _ in range(2):
+        logs.clear()
+        with pytest.raises(KeyboardInterrupt):
+            run_loop(_cfg(tiny_dir, tmp_path / "e"), log=logs.append)
+    assert any(m.startswith("cycle 1 (L0): wake ") for m in logs)  # made on its own
+    rel = "cycle-1/wake/episodes.jsonl"
+    assert _without_latency(tmp_path / "e" / rel) == _without_latency(tmp_path / "a" / rel)
+    monkeypatch.setattr(loop_mod, "write_jsonl", real_write)
+    monkeypatch.setattr(loop_mod, "train_adapter", real)
     again = json.loads((tmp_path / "b" / "manifest.json").read_text())["artifacts"]
     assert set(again) == set(manifest)
     # byte-identical except the measured wall-clock latencies inside LM step records

@@ -45,6 +45,14 @@ def test_dpo_trains_saves_and_resumes_trainable(tiny_dir, pairs, tmp_path):
     second = train_adapter(tiny_dir, tmp_path / "a2", cfg, pairs=pairs, resume_from=tmp_path / "a1")
     w2 = _lora_b(tmp_path / "a2")
     assert second.steps == 2 and any((w2[k] - w1[k]).abs().sum() > 0 for k in w1)  # the resumed adapter trained
+    import json
+
+    rows = json.loads((tmp_path / "a2" / "socialworld-train.json").read_text())["rows"]
+    assert rows["given"] == len(pairs) and 0 < rows["trained_on"] <= len(pairs)  # counted, prompts over max_length dropped
+    # TRL drops every row whose prompt fills max_length: that is an error naming the setting, not a crash deep in TRL
+    with pytest.raises(ValueError, match="max_length=16"):
+        train_adapter(tiny_dir, tmp_path / "a3", TrainConfig(method="dpo", steps=1, batch_size=2, max_length=16), pairs=pairs)
+    assert not (tmp_path / "a3").exists()
 
 
 def test_sft_and_grpo_with_the_simulator_reward(specs, tiny_dir, pairs, tmp_path):

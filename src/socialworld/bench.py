@@ -63,7 +63,7 @@ PRESETS: dict[str, Preset] = {
                     scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
     # the protocol's 45 evaluation episodes per arm; a small training budget, so that the whole run
     # fits in 40 minutes on a 2-core CPU (measured: see the README)
-    "default": Preset(eval_episodes=3, train_episodes=1, steps=4),
+    "default": Preset(eval_episodes=3, train_episodes=1, steps=3),
     # the full budget
     "paper": Preset(eval_episodes=3, train_episodes=8, steps=60),
 }

@@ -16,6 +16,13 @@ Per cycle ``c``::
 ``unlock`` picks the tiers of each cycle: all of them, the protocol's progressive unlocking
 (L0; L0+L1; all), or adaptive unlocking. Every artifact goes through :class:`~socialworld.rundir.RunDir`, so a killed loop resumes from
 its last complete artifact.
+
+Cycle ``c``'s evaluation policy is cycle ``c+1``'s wake policy (base + cycle ``c``'s adapters;
+cycle 0: the untrained model), so when cycle ``c+1``'s tiers are known in advance (every unlock
+mode but adaptive after cycle 1) its wake episodes run in the same lockstep rollout as cycle
+``c``'s evaluation: one policy load and fuller batches instead of a second, mostly idle rollout.
+The records are the same kind either way; a run killed between the two commits makes the wake
+on its own when resumed.
 """
 
 from __future__ import annotations
@@ -143,6 +150,30 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         return [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
                 for seed in episode_seeds(cfg.seed, s.id, cfg.eval_episodes)]
 
+    def wake_jobs(c: int, tiers: Sequence[str]) -> list[EpisodeJob]:
+        return [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
+                for seed in train_seeds(cfg.seed, s.id, c, cfg.train_episodes)]
+
+    def evaluate(c: int, tiers: Sequence[str], adapters: dict[str, str] | None, what: str) -> None:
+        """Cycle ``c``'s evaluation, with cycle ``c+1``'s wake in the same rollout when its tiers
+        are known now (see the module docstring)."""
+        rel, nxt = f"cycle-{c}/eval/episodes.jsonl", f"cycle-{c + 1}/wake/episodes.jsonl"
+        inputs = [str(Path(p).relative_to(run.root)) for p in (adapters or {}).values()]
+        jobs = eval_jobs(tiers)
+        fused: list[EpisodeJob] = []
+        if c < cfg.cycles and (cfg.unlock != "adaptive" or c == 0) and not run.complete(rel) and not run.complete(nxt):
+            fused = wake_jobs(c + 1, unlocked_tiers(cfg, c + 1, tuple(tiers) if c else (), []))
+        held: list[EpisodeRecord] = []
+
+        def write(p: Path) -> None:
+            eps = rollout(_policy(cfg, adapters), jobs + fused, what + (f" + cycle {c + 1} wake" if fused else ""))
+            write_jsonl(p, eps[: len(jobs)])
+            held.extend(eps[len(jobs):])
+
+        run.produce(rel, "eval", write, inputs=inputs)
+        if held and run.produce(nxt, "wake", lambda p: write_jsonl(p, held), inputs=inputs):
+            log(f"cycle {c + 1}: wake {len(held)} episodes (in cycle {c}'s evaluation rollout)")
+
     run = RunDir(cfg.out)
     run.write_config(json.loads(json.dumps(asdict(cfg))), may_grow=("cycles",), defaults=ADDED_FIELDS)
     specs = {s.id: s for s in resolve_scenarios(list(cfg.scenarios) or None, list(cfg.tiers), cfg.max_turns)}
@@ -151,8 +182,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
     adapters: dict[str, str] | None = None
     summaries: list[dict] = []
     if cfg.baseline:  # every tier that may unlock: the untrained policy is the same in every cycle
-        run.produce("cycle-0/eval/episodes.jsonl", "eval",
-                    lambda p: write_jsonl(p, rollout(_policy(cfg, None), eval_jobs(cfg.tiers), "cycle 0 eval (untrained)")))
+        evaluate(0, cfg.tiers, None, "cycle 0 eval (untrained)")
         m0 = aggregate(read_jsonl(run.path("cycle-0/eval/episodes.jsonl"))).as_dict()
         log(f"cycle 0 (untrained): eval pass {m0['pass_rate']:.2f} D {m0['D']:.2f} CR {m0['CR']:.2f}")
     tiers: tuple[str, ...] = ()
@@ -161,8 +191,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         d = f"cycle-{c}"
         tiers = unlocked_tiers(cfg, c, tiers, evaluated)
         prev = [rel for rel in (str(Path(p).relative_to(run.root)) for p in (adapters or {}).values())]
-        jobs = [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
-                for seed in train_seeds(cfg.seed, s.id, c, cfg.train_episodes)]
+        jobs = wake_jobs(c, tiers)
         if run.produce(f"{d}/wake/episodes.jsonl", "wake", lambda p: write_jsonl(p, rollout(_policy(cfg, adapters), jobs, f"cycle {c} wake")),
                        inputs=prev):
             log(f"cycle {c} ({'+'.join(tiers)}): wake {len(jobs)} episodes")
@@ -183,9 +212,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         gating = json.loads(run.path(f"{d}/sleep/gating.json").read_text())
         log(f"cycle {c}: pairs kept {gating['kept']}, excluded {gating['excluded']}")
         losses, adapters = _train_cycle(cfg, run, c, adapters, prev, specs, log)
-        run.produce(f"{d}/eval/episodes.jsonl", "eval",
-                    lambda p: write_jsonl(p, rollout(_policy(cfg, adapters), eval_jobs(tiers), f"cycle {c} eval")),
-                    inputs=[str(Path(p).relative_to(run.root)) for p in (adapters or {}).values()])
+        evaluate(c, tiers, adapters, f"cycle {c} eval")
         evaluated = read_jsonl(run.path(f"{d}/eval/episodes.jsonl"))
         m = aggregate(evaluated).as_dict()
         summary = {"cycle": c, "tiers": list(tiers), "pairs": gating["kept"], "excluded": gating["excluded"],
@@ -233,7 +260,12 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
         run.produce(rel, f"train:{cfg.train.method}",
                     lambda p, data=data, r=resume: train_adapter(_base_path(cfg), p, cfg.train, resume_from=r, **data),
                     inputs=[f"{d}/sleep"] + prev)
-        losses[name] = json.loads(run.path(f"{rel}/socialworld-train.json").read_text())["losses"]
+        info = json.loads(run.path(f"{rel}/socialworld-train.json").read_text())
+        losses[name] = info["losses"]
+        rows = info.get("rows", {})
+        if rows.get("trained_on", 0) < rows.get("given", 0):
+            log(f"cycle {c}: {name}: {rows['given'] - rows['trained_on']} of {rows['given']} pairs dropped by TRL "
+                f"(prompt of max_length={cfg.train.max_length} tokens or more)")
         for t in members:
             trained[t] = str(run.path(rel))
     return losses, (trained or None)

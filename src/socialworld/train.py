@@ -128,29 +128,37 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
         from trl import DPOConfig, DPOTrainer
 
         losses = {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, cfg.sft_weight]} if cfg.sft_weight else {}
+        data = _dataset(pairs, "dpo")
         trainer = DPOTrainer(model=model, args=_args(cfg, scratch, DPOConfig, beta=cfg.beta, max_length=cfg.max_length, **losses),
-                             train_dataset=_dataset(pairs, "dpo"), processing_class=tok,
+                             train_dataset=data, processing_class=tok,
                              peft_config=peft_config)
     elif cfg.method == "sft":
         from trl import SFTConfig, SFTTrainer
 
+        data = _dataset(pairs, "sft")
         trainer = SFTTrainer(model=model, args=_args(cfg, scratch, SFTConfig, max_length=cfg.max_length),
-                             train_dataset=_dataset(pairs, "sft"), processing_class=tok,
+                             train_dataset=data, processing_class=tok,
                              peft_config=peft_config)
     elif cfg.method == "grpo":
         from trl import GRPOConfig, GRPOTrainer
 
         if specs is None:
             raise ValueError("grpo needs the scenario specs to restore snapshots")
+        data = Dataset.from_list(list(grpo_rows))
         trainer = GRPOTrainer(
             model=model, reward_funcs=[simulator_reward(specs)], processing_class=tok,
             args=_args(cfg, scratch, GRPOConfig, beta=cfg.beta, num_generations=cfg.num_generations,
                        # TRL needs the generation batch divisible by both the batch and the group size
                        generation_batch_size=math.lcm(cfg.batch_size, cfg.num_generations),
                        max_completion_length=cfg.max_completion_length, temperature=1.0),
-            train_dataset=Dataset.from_list(list(grpo_rows)), peft_config=peft_config)
+            train_dataset=data, peft_config=peft_config)
     else:
         raise ValueError(f"unknown training method {cfg.method!r}")
+    rows = {"given": len(data), "trained_on": len(trainer.train_dataset)}  # TRL drops prompts of max_length tokens or more
+    if not rows["trained_on"]:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise ValueError(f"all {rows['given']} training rows have prompts of max_length={cfg.max_length} tokens or more, "
+                         "so TRL drops every one: raise max_length")
     try:
         trainer.train()
     finally:
@@ -158,7 +166,7 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
     losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
     # the adapter alone (config + weights): no training_args.bin, whose pickled paths differ per run
     trainer.model.save_pretrained(str(out))
-    (out / "socialworld-train.json").write_text(json.dumps({"config": asdict(cfg), "losses": losses}, indent=1))
+    (out / "socialworld-train.json").write_text(json.dumps({"config": asdict(cfg), "losses": losses, "rows": rows}, indent=1))
     return TrainResult(cfg.method, trainer.state.global_step, losses, time.perf_counter() - t0, str(out))
 
 
