@@ -10,7 +10,7 @@ from socialworld.policies import make_policy
 from socialworld.runner import EpisodeJob, run_episodes
 from socialworld.sleep import (
     GatingReport, ReplayMismatch, SleepConfig, action_pairs, candidate_pairs, dialogue_pairs, read_pairs, recorded_action,
-    reference_pairs, replay, rollout_returns, screen_and_gate, write_pairs,
+    reference_pairs, replay, rollout_returns, screen_and_gate, utterance_pairs, write_pairs,
 )
 from socialworld.testing import FixedPolicy
 
@@ -128,10 +128,54 @@ def test_dialogue_pairs_and_parquet_round_trip(lunch, tmp_path):
     report = GatingReport()
     pairs = dialogue_pairs(lunch, mute, expert, SleepConfig(), report)
     assert pairs and all(p.quality >= 0.05 and p.track == "dialogue" for p in pairs)
-    assert all(p.prompt[-1]["role"] == "assistant" and p.prompt[-1]["content"].endswith("SAY:") for p in pairs)
+    for p in pairs:  # one assistant turn, as the policy decodes it: the same head, then different words
+        assert p.prompt[-1]["role"] == "user"
+        head_c, said_c = p.chosen[0]["content"].split("\nSAY:")
+        head_r, said_r = p.rejected[0]["content"].split("\nSAY:")
+        assert head_c == head_r and head_c.startswith("BELIEF") and said_c != said_r
     path = tmp_path / "pairs.parquet"
     write_pairs(path, pairs)
     assert read_pairs(path) == pairs
     datasets = pytest.importorskip("datasets")
     ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
     assert ds[0]["chosen"][0]["role"] == "assistant" and ds[0]["prompt"][0]["role"] == "system"
+
+
+def test_utterance_pairs_compare_words_for_the_same_action_from_real_forks(lunch):
+    from socialworld.sleep import _say
+
+    expert = run_episodes(make_policy("expert"), [EpisodeJob(lunch, 21)])[0]
+    keys = [recorded_action(s).key for s in expert.steps]
+    # the expert's actions with the policy's own (poor) words, and one garbage step that never ran
+    words = [f"{k} | hmm" for k in keys[:-1]]
+    mute = run_episodes(FixedPolicy(["garbage", *words]), [EpisodeJob(lunch, 21)])[0]
+    cfg = SleepConfig(rollouts=2, horizon=6)
+    report = GatingReport()
+    pairs = utterance_pairs(lunch, mute, cfg, report)
+    assert report.candidates == len(mute.steps)
+    assert report.excluded["dialogue:not_executed"] == sum(s.action.parse_status != "ok" for s in mute.steps) >= 1
+    assert len(pairs) + sum(report.excluded.values()) == len(mute.steps)
+    assert pairs and all(p.track == "dialogue" and p.quality >= cfg.q_margin for p in pairs)
+    worlds = {s.setting.step: w.fork() for s, w in replay(lunch, mute)}
+    for p in pairs:
+        w, step = worlds[p.step], mute.steps[p.step]
+        taken = recorded_action(step)
+        said = {"policy": taken, "template": _say(w, taken)}
+        chosen_said = p.chosen[0]["content"].split("\nSAY: ", 1)[1]
+        rejected_said = p.rejected[0]["content"].split("\nSAY: ", 1)[1]
+        assert {chosen_said, rejected_said} == {a.utterance for a in said.values()}
+        by_words = {a.utterance: a for a in said.values()}
+        # q_t and values come from real forks of that state: re-stepping them gives the same numbers
+        qc, qr = (w.fork().step(by_words[x]).q for x in (chosen_said, rejected_said))
+        assert qc - qr == pytest.approx(p.quality) and qc > qr
+        key = (p.scenario_id, p.seed, p.step, "utterance")
+        assert fmean(rollout_returns(w, by_words[chosen_said], cfg, key)) == pytest.approx(p.chosen_value)
+        assert p.chosen_value >= p.rejected_value
+        assert p.provenance.startswith("counterfactual_utterance(") and cfg.provenance in p.provenance
+    # "hmm" never beats the expert's addressed, option-naming words
+    assert all(p.chosen[0]["content"].endswith(_say(worlds[p.step], recorded_action(mute.steps[p.step])).utterance) for p in pairs)
+    # candidate_pairs adds them only when asked
+    specs = {lunch.id: lunch}
+    on = candidate_pairs(specs, [mute], {(lunch.id, 21): expert}, cfg, GatingReport())
+    off = candidate_pairs(specs, [mute], {(lunch.id, 21): expert}, replace(cfg, utterance_pairs=False), GatingReport())
+    assert {p.id for p in on} - {p.id for p in off} == {p.id for p in pairs}

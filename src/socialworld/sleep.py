@@ -18,6 +18,16 @@ strict gating, with a report that counts every exclusion by reason.
   policy's and the continuation policy's); at aligned steps where both took the same action,
   chosen = the utterance of the higher-outcome trajectory, rejected = the other's, when its
   ``q_t`` is higher too.
+* **Counterfactual utterances** (dialogue track, ``utterance_pairs``) — a weak policy rarely
+  takes the continuation policy's action at the same step, so aligned steps are rare. At each
+  step where the policy's action ran as written, the world is forked twice: the same action
+  with the policy's words and with the expert's template words, each rolled out like an action
+  candidate. chosen = the words with the higher ``q_t``, kept when the gap is >= ``q_margin``
+  and their trajectory's return is not lower. Both sides are trajectories of the same scenario
+  and seed aligned at that step by construction.
+* Dialogue pairs complete the whole turn: prompt = the policy's prompt; chosen and rejected =
+  ``BELIEF/ACTION`` (the same head on both sides) + ``SAY:`` + the words, which is how the
+  policy decodes them (one assistant turn). The shared head cancels in the DPO margin.
 * **Screening** — exact dedup, a cap per template key, an optional capability filter (a callable
   that says the current policy already prefers chosen), quality threshold.
 * **Gating** — action track: the source episode's U, A_e, S_npc and D must be numbers with source
@@ -68,6 +78,9 @@ class SleepConfig:
     quality_threshold: float = field(default=0.5, metadata={"help": "least share of paired rollouts in which chosen beats rejected"})
     template_cap: int = field(default=6, metadata={"help": "most pairs per template key (scenario, chosen action, rejected action)"})
     q_margin: float = field(default=0.05, metadata={"help": "dialogue track: least q_t gap"})
+    utterance_pairs: bool = field(default=True, metadata={
+        "help": "dialogue track: also pair the policy's words with the expert template's words for the same action at "
+                "each step it executed, both forked and rolled out"})
     gating: Literal["strict", "off"] = field(default="strict", metadata={"help": "strict provenance gating, or off (ablation)"})
     seed: int = field(default=0, metadata={"help": "seed of the continuation reseeds"})
     reference_pairs: Literal["off", "best", "own"] = field(default="off", metadata={
@@ -302,6 +315,20 @@ def _episode_return(ep: EpisodeRecord) -> float:
     return sum(s.signals.reward.value or 0.0 for s in ep.steps)
 
 
+def _dialogue_pair(spec: ScenarioSpec, ep: EpisodeRecord, w: World, s: StepRecord, said: tuple[str, str],
+                   values: tuple[float, float], qs: tuple[float, float], provenance: str, id_parts: tuple, key: str) -> Pair:
+    """A dialogue-track pair at step ``s`` (state ``w``): ``said`` = (chosen, rejected) words."""
+    obs = observe(spec, w.pub)
+    head = f"{_belief_text(focus(obs), s.mental_state.truth)}\nACTION: {s.action.executed}\nSAY:"
+    return Pair(
+        id=_pair_id("dialogue", *id_parts, s.setting.step), track="dialogue", scenario_id=ep.scenario_id,
+        tier=ep.tier, seed=ep.seed, step=s.setting.step, episode_id=ep.episode_id, prompt=build_messages(obs),
+        chosen=_assistant(f"{head} {said[0]}"), rejected=_assistant(f"{head} {said[1]}"),
+        chosen_value=values[0], rejected_value=values[1], quality=qs[0] - qs[1], provenance=provenance,
+        evidence=_evidence(ep), template_key=key,
+    )
+
+
 def dialogue_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, cfg: SleepConfig, report: GatingReport) -> list[Pair]:
     """Trajectory-level utterance pairs from two episodes of the same scenario and seed."""
     if (a.scenario_id, a.seed) != (b.scenario_id, b.seed):
@@ -317,18 +344,50 @@ def dialogue_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, cfg: 
         if qh - ql < cfg.q_margin or sh.dialogue.utterance == sl.dialogue.utterance:
             report.exclude("dialogue", "below_margin")
             continue
-        obs = observe(spec, wh.pub)
-        head = f"{_belief_text(focus(obs), sh.mental_state.truth)}\nACTION: {sh.action.executed}\nSAY:"
-        t = sh.setting.step
-        pairs.append(Pair(
-            id=_pair_id("dialogue", hi.episode_id, lo.episode_id, t), track="dialogue", scenario_id=hi.scenario_id,
-            tier=hi.tier, seed=hi.seed, step=t, episode_id=hi.episode_id,
-            prompt=build_messages(obs) + [{"role": "assistant", "content": head}],
-            chosen=_assistant(" " + sh.dialogue.utterance), rejected=_assistant(" " + sl.dialogue.utterance),
-            chosen_value=_episode_return(hi), rejected_value=_episode_return(lo), quality=qh - ql,
-            provenance=f"trajectory_pair(q_t {qh:.2f} vs {ql:.2f})", evidence=_evidence(hi),
-            template_key=f"{hi.scenario_id}:say:{sh.action.executed.split('(')[0]}",
-        ))
+        pairs.append(_dialogue_pair(
+            spec, hi, wh, sh, (sh.dialogue.utterance, sl.dialogue.utterance), (_episode_return(hi), _episode_return(lo)),
+            (qh, ql), f"trajectory_pair(q_t {qh:.2f} vs {ql:.2f})", (hi.episode_id, lo.episode_id),
+            f"{hi.scenario_id}:say:{sh.action.executed.split('(')[0]}"))
+    return pairs
+
+
+def utterance_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report: GatingReport) -> list[Pair]:
+    """Counterfactual dialogue pairs of one wake episode: at each step whose action ran as the
+    policy wrote it, the policy's words vs the expert template's words for that same action.
+    Each side is forked from the step's state and rolled out (``cfg.rollouts`` continuations of
+    ``cfg.horizon`` steps, common random numbers); its ``q_t`` is the world's assessment of the
+    words. chosen = the higher-``q_t`` words; kept when ``q_chosen - q_rejected >= q_margin``
+    and ``mean return(chosen) >= mean return(rejected)``. Excluded, by reason: ``not_executed``
+    (unparseable or illegal: no words ran), ``same_words``, ``below_margin``,
+    ``outcome_disagrees``."""
+    pairs = []
+    for s, w in replay(spec, ep):
+        report.candidates += 1
+        if s.action.parse_status != "ok":
+            report.exclude("dialogue", "not_executed")
+            continue
+        taken = recorded_action(s)
+        assert taken is not None
+        alt = _say(w, taken)
+        if alt.utterance == taken.utterance:
+            report.exclude("dialogue", "same_words")
+            continue
+        key = (ep.scenario_id, ep.seed, s.setting.step, "utterance")
+        sides = [(taken, w.fork().step(taken).q), (alt, w.fork().step(alt).q)]
+        if any(q is None for _, q in sides):
+            raise RuntimeError(f"{ep.episode_id} step {s.setting.step}: an executed action has no q_t")
+        (hi, qh), (lo, ql) = sorted(sides, key=lambda x: (x[1], x[0].utterance), reverse=True)
+        if qh - ql < cfg.q_margin:
+            report.exclude("dialogue", "below_margin")
+            continue
+        vh, vl = fmean(rollout_returns(w, hi, cfg, key)), fmean(rollout_returns(w, lo, cfg, key))
+        if vh < vl:
+            report.exclude("dialogue", "outcome_disagrees")
+            continue
+        pairs.append(_dialogue_pair(
+            spec, ep, w, s, (hi.utterance, lo.utterance), (vh, vl), (qh, ql),
+            f"counterfactual_utterance(q_t {qh:.2f} vs {ql:.2f}); {cfg.provenance}", (ep.episode_id, "utterance"),
+            f"{ep.scenario_id}:say:{s.action.executed}:{'template' if hi is alt else 'policy'}"))
     return pairs
 
 
@@ -336,12 +395,15 @@ def candidate_pairs(specs: dict[str, ScenarioSpec], wake: Sequence[EpisodeRecord
                     cfg: SleepConfig, report: GatingReport) -> list[Pair]:
     """All pairs of a wake (before screening and gating): action pairs of every episode, then
     (``cfg.reference_pairs``) action pairs at the reference episodes' states, then dialogue pairs
-    against the reference episode of the same scenario and seed."""
+    against the reference episode of the same scenario and seed, then (``cfg.utterance_pairs``)
+    counterfactual utterance pairs of every wake episode."""
     pairs = [p for e in wake for p in action_pairs(specs[e.scenario_id], e, cfg, report)]
     if cfg.reference_pairs != "off":
         refs = sorted({(e.scenario_id, e.seed) for e in wake})
         pairs += [p for k in refs for p in reference_pairs(specs[k[0]], reference[k], cfg, report)]
     pairs += [p for e in wake for p in dialogue_pairs(specs[e.scenario_id], e, reference[(e.scenario_id, e.seed)], cfg, report)]
+    if cfg.utterance_pairs:
+        pairs += [p for e in wake for p in utterance_pairs(specs[e.scenario_id], e, cfg, report)]
     return pairs
 
 
