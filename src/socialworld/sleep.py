@@ -27,7 +27,8 @@ strict gating, with a report that counts every exclusion by reason.
   and seed aligned at that step by construction.
 * Dialogue pairs complete the whole turn: prompt = the policy's prompt; chosen and rejected =
   ``BELIEF/ACTION`` (the same head on both sides) + ``SAY:`` + the words, which is how the
-  policy decodes them (one assistant turn). The shared head cancels in the DPO margin.
+  policy decodes them (one assistant turn). The shared head cancels in the DPO margin (the NLL
+  term of ``sft_weight`` still trains it).
 * **Screening** — exact dedup, a cap per template key, an optional capability filter (a callable
   that says the current policy already prefers chosen), quality threshold.
 * **Gating** — action track: the source episode's U, A_e, S_npc and D must be numbers with source
