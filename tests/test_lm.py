@@ -77,6 +77,13 @@ def test_prompts_are_short(specs, tiny):
         assert len(tok.apply_chat_template(msgs, tokenize=True)) < 1500
 
 
+def test_prompt_shows_the_agents_own_last_actions(specs):
+    first, later = build_messages(_obs(specs)), build_messages(_obs(specs, steps=2))
+    assert first[1]["content"].endswith("You did: nothing yet")
+    assert later[1]["content"].splitlines()[-1].startswith("You did: ") and "(" in later[1]["content"].splitlines()[-1]
+    assert "You did" not in build_messages(_obs(specs, steps=2), "policy-v2")[1]["content"]  # kept as it was measured
+
+
 def test_program_offers_exactly_the_legal_actions(specs):
     for sid, spec in specs.items():
         w = World(spec, 2)

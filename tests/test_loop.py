@@ -40,10 +40,18 @@ def test_unlocking_schedules():
 def test_progressive_merged_loop(tmp_path):
     tiny_dir = tiny_lm(tmp_path / "tiny")
     cfg = replace(_cfg(tiny_dir, tmp_path / "m"), tiers=("L0", "L1"), unlock="progressive", merged=True, baseline=False)
+    cfg = replace(cfg, sleep=replace(cfg.sleep, replay=1.0))
     out = run_loop(cfg, log=lambda _: None)
+    # cycle 2 replays what cycle 1 kept: its pair files hold cycle 1's pairs too
+    from socialworld.sleep import read_pairs
+    kept1 = {p.id for t in ("action", "dialogue") for p in read_pairs(tmp_path / "m" / f"cycle-1/sleep/pairs-{t}.parquet")}
+    kept2 = {p.id for t in ("action", "dialogue") for p in read_pairs(tmp_path / "m" / f"cycle-2/sleep/pairs-{t}.parquet")}
+    assert out[0]["replayed"] == {} and sum(out[1]["replayed"].values()) == len(kept1 & kept2) > 0
+    assert sum(out[1]["replayed"].values()) + sum(out[1]["pairs"].values()) == len(kept2)
     assert [s["tiers"] for s in out] == [["L0"], ["L0", "L1"]]
     assert set(out[1]["by_tier"]) == {"L0", "L1"} and "vs_baseline" not in out[1]
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())["artifacts"]
+    assert "cycle-1/sleep" in manifest["cycle-2/sleep"]["inputs"]
     assert "cycle-1/train/merged/adapter" in manifest and not any("/train/action" in k for k in manifest)
     eps = [json.loads(line) for line in (tmp_path / "m" / "cycle-2/eval/episodes.jsonl").read_text().splitlines()]
     h = eps[0]["steps"][0]["policy"]["adapter_hash"]

@@ -9,7 +9,7 @@ from socialworld.core import Action
 from socialworld.policies import make_policy
 from socialworld.runner import EpisodeJob, run_episodes
 from socialworld.sleep import (
-    GatingReport, ReplayMismatch, SleepConfig, action_pairs, candidate_pairs, dialogue_pairs, read_pairs, recorded_action,
+    GatingReport, ReplayMismatch, SleepConfig, action_pairs, add_replay, candidate_pairs, dialogue_pairs, read_pairs, recorded_action,
     reference_pairs, replay, rollout_returns, screen_and_gate, utterance_pairs, write_pairs,
 )
 from socialworld.testing import FixedPolicy
@@ -118,6 +118,26 @@ def test_gating_excludes_weak_evidence_and_counts_reasons(lunch, random_eps):
     assert {a.id, b.id, c.id, d.id} <= {p.id for p in off}
     capped = screen_and_gate(pairs, SleepConfig(template_cap=1), GatingReport())
     assert len(capped) == len({p.template_key for p in pairs})
+
+
+def test_replay_adds_earlier_pairs_seeded_capped_and_deduplicated(lunch, random_eps):
+    cfg = SleepConfig(rollouts=1, horizon=4, max_candidates=6, template_cap=100, replay=0.5)
+    now, before = (action_pairs(lunch, e, cfg, GatingReport()) for e in random_eps)
+    assert len(now) >= 4 and len(before) >= 4
+    earlier = before + before[:2] + now[:1]  # cycles may repeat one another; one equals a pair kept now
+    report = GatingReport()
+    out = add_replay(now, earlier, cfg, report, key=(2,))
+    added = out[len(now):]
+    assert out[: len(now)] == now and len(added) == min(len(before), int(0.5 * len(now))) == report.replayed["action"]
+    assert {p.id for p in added} <= {p.id for p in before} and len({p.id for p in added}) == len(added)
+    assert report.excluded["action:replay_duplicate"] == 1 and report.replayed["dialogue"] == 0
+    assert add_replay(now, earlier, cfg, GatingReport(), key=(2,)) == out  # seeded
+    other = add_replay(now, earlier, cfg, GatingReport(), key=(3,))
+    assert len(other) == len(out)
+    assert add_replay(now, earlier, replace(cfg, replay=0.0), GatingReport(), key=(2,)) == now
+    assert len(add_replay(now, earlier, replace(cfg, replay=100.0), GatingReport(), key=(2,))) == len(now) + len(before)
+    with pytest.raises(ValueError, match="replay"):
+        SleepConfig(replay=-1)
 
 
 def test_dialogue_pairs_and_parquet_round_trip(lunch, tmp_path):

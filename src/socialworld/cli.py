@@ -168,6 +168,7 @@ def loop_cmd(
     tracks: str = typer.Option("action,dialogue", help=help_for(_LoopConfig(), "tracks")),
     merged: bool = typer.Option(False, help=help_for(_LoopConfig(), "merged")),
     reference_pairs: str = typer.Option("off", help=help_for(_SleepConfig(), "reference_pairs")),
+    replay: float = typer.Option(0.0, help=help_for(_SleepConfig(), "replay")),
 ) -> None:
     """Wake-sleep-deploy: roll out on training seeds, build and gate counterfactual pairs, train
     one LoRA adapter per track with TRL, deploy and evaluate; resumable in --out."""
@@ -181,7 +182,8 @@ def loop_cmd(
     cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), train_episodes=train_episodes,
                      eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
                      unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged,  # type: ignore[arg-type]
-                     sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold, reference_pairs=reference_pairs),  # type: ignore[arg-type]
+                     sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold, reference_pairs=reference_pairs,  # type: ignore[arg-type]
+                                   replay=replay),
                      train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight))  # type: ignore[arg-type]
     summaries = _with_bars(lambda progress: run_loop(cfg, log=console.print, progress=progress))
     t = Table(title=f"loop: {out}")
@@ -191,7 +193,9 @@ def loop_cmd(
     for s in summaries:
         loss = {k: "-" if v is None else f"{v:.3f}" for k, v in s["final_loss"].items()}
         vs = {k: f"{v['mean']:+.2f} [{v['lo']:+.2f}, {v['hi']:+.2f}]" for k, v in s.get("vs_baseline", {}).items()}
-        t.add_row(str(s["cycle"]), str(s["pairs"].get("action", 0)), str(s["pairs"].get("dialogue", 0)),
+        pairs = {k: f"{s['pairs'].get(k, 0)}" + (f" +{s['replayed'][k]} replayed" if s.get("replayed", {}).get(k) else "")
+                 for k in ("action", "dialogue")}
+        t.add_row(str(s["cycle"]), pairs["action"], pairs["dialogue"],
                   str(sum(s["excluded"].values())), loss.get("action", "-"), loss.get("dialogue", "-"),
                   f"{s['eval']['pass_rate']:.2f}", f"{s['eval']['D']:.2f}", f"{s['eval']['CR']:.2f}",
                   vs.get("pass", "-"), vs.get("D", "-"))

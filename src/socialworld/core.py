@@ -276,6 +276,10 @@ class Observation:
     """names of every sub-goal (public: the organiser knows what success means)"""
     memory: Memory | None = None
     """episode chains only: what the agent remembers of earlier episodes"""
+    moves: tuple[str, ...] = ()
+    """the agent's own last actions this episode, oldest first, canonical form (``propose(venue,
+    park, all)``; an illegal one is marked ``(illegal)``, an unparseable reply is
+    ``(unparseable)``): public, the agent knows what it did"""
 
     def npc(self, npc_id: str) -> NPCView:
         for n in self.npcs:

@@ -41,7 +41,7 @@ from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
 from .rng import derive_seed
 from .rundir import RunDir, with_defaults
 from .runner import EpisodeJob, run_episodes
-from .sleep import GatingReport, SleepConfig, candidate_pairs, read_pairs, screen_and_gate, write_pairs
+from .sleep import GatingReport, SleepConfig, add_replay, candidate_pairs, read_pairs, screen_and_gate, write_pairs
 from .spec import resolve_scenarios
 from .stats import paired_difference
 from .train import TrainConfig, grpo_rows, train_adapter
@@ -93,7 +93,7 @@ UNTRAINED = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycl
 """Artifacts made by the untrained policy alone: the same in every run of the same model and seeds."""
 EVAL_KEYS = ("model", "tiers", "scenarios", "eval_episodes", "seed", "max_turns")
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
-ADDED_FIELDS = {"max_turns": 0, "sleep": {"reference_pairs": "off"}}
+ADDED_FIELDS = {"max_turns": 0, "sleep": {"reference_pairs": "off", "replay": 0.0}}
 """Config fields added after runs were written, each with the value that behaves as the code did
 before it: a stored config without one resumes as if it had that value. (Not every default
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""
@@ -200,22 +200,29 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         wake = read_jsonl(run.path(f"{d}/wake/episodes.jsonl"))
         ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(f"{d}/wake/reference.jsonl"))}
 
+        earlier = [f"cycle-{k}/sleep" for k in range(1, c)] if cfg.sleep.replay > 0 else []
+
         def sleep_all(_p: Path) -> None:
             report = GatingReport()
             kept = screen_and_gate(candidate_pairs(specs, wake, ref, cfg.sleep, report), cfg.sleep, report)
+            if earlier:
+                old = [p for rel in earlier for t in TRACKS for p in read_pairs(run.path(f"{rel}/pairs-{t}.parquet"))]
+                kept = add_replay(kept, old, cfg.sleep, report, key=(c,))
             _p.mkdir()
             for t in TRACKS:
                 write_pairs(_p / f"pairs-{t}.parquet", [p for p in kept if p.track == t])
             atomic_write_text(_p / "gating.json", json.dumps(report.as_dict(), indent=1, sort_keys=True) + "\n")
 
-        run.produce(f"{d}/sleep", "sleep", sleep_all, inputs=[f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl"])
+        run.produce(f"{d}/sleep", "sleep", sleep_all, inputs=[f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl", *earlier])
         gating = json.loads(run.path(f"{d}/sleep/gating.json").read_text())
-        log(f"cycle {c}: pairs kept {gating['kept']}, excluded {gating['excluded']}")
+        log(f"cycle {c}: pairs kept {gating['kept']}, excluded {gating['excluded']}"
+            + (f", replayed from earlier cycles {gating['replayed']}" if gating.get("replayed") else ""))
         losses, adapters = _train_cycle(cfg, run, c, adapters, prev, specs, log)
         evaluate(c, tiers, adapters, f"cycle {c} eval")
         evaluated = read_jsonl(run.path(f"{d}/eval/episodes.jsonl"))
         m = aggregate(evaluated).as_dict()
         summary = {"cycle": c, "tiers": list(tiers), "pairs": gating["kept"], "excluded": gating["excluded"],
+                   "replayed": gating.get("replayed", {}),
                    "final_loss": {t: (v[-1] if v else None) for t, v in losses.items()}, "eval": m,
                    "by_tier": {t: aggregate(eps).as_dict() for t, eps in sorted(group_by(evaluated, "tier").items())}}
         if cfg.baseline:
@@ -283,7 +290,8 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
     """Rebuild one cycle's candidate pairs from its stored wake episodes and screen and gate them
     under each variant's settings (margin, rollouts and horizon must match the run's, so the
     candidates are the same): the gating ablation on exactly the same data, without training.
-    Returns, per variant, its gating report, its kept pair ids, and whether they equal the run's."""
+    Returns, per variant, its gating report, its kept pair ids, and whether they equal the run's
+    (replay from earlier cycles is not redone: it only adds pairs those cycles kept)."""
     import yaml
 
     run = RunDir(run_dir)
@@ -298,7 +306,8 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
     specs = {s.id: s for s in resolve_scenarios(sorted({e.scenario_id for e in wake}), max_turns=cfg_doc.get("max_turns", 0))}
     build = GatingReport()
     pairs = candidate_pairs(specs, wake, ref, own, build)
-    run_ids = sorted(p.id for t in TRACKS for p in read_pairs(run.path(f"{d}/sleep/pairs-{t}.parquet")))
+    built = {p.id for p in pairs}  # the run's files also hold pairs replayed from earlier cycles
+    run_ids = sorted(p.id for t in TRACKS for p in read_pairs(run.path(f"{d}/sleep/pairs-{t}.parquet")) if p.id in built)
     out = {}
     for name, v in {"run": own, **variants}.items():
         if (v.margin, v.rollouts, v.horizon, v.continuation, v.max_candidates, v.seed, v.reference_pairs) != \

@@ -31,6 +31,10 @@ strict gating, with a report that counts every exclusion by reason.
   term of ``sft_weight`` still trains it).
 * **Screening** — exact dedup, a cap per template key, an optional capability filter (a callable
   that says the current policy already prefers chosen), quality threshold.
+* **Replay** (``replay`` > 0) — after gating, pairs that earlier cycles kept are added back, up to
+  ``replay`` × this cycle's kept pairs per track, drawn by a seeded RNG; a pair equal to one kept
+  now is not replayed (counted ``replay_duplicate``). They passed the same screening and gating
+  when they were built. Each cycle's adapter then also sees what earlier cycles taught.
 * **Gating** — action track: the source episode's U, A_e, S_npc and D must be numbers with source
   ``direct`` or ``fused`` (``degraded``, ``proxy``, ``missing`` excluded); dialogue track:
   relaxed (its episode's D must be a number). ``gating="off"`` skips it (the ablation).
@@ -49,6 +53,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Callable, Iterator, Literal, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
@@ -84,6 +89,9 @@ class SleepConfig:
                 "each step it executed, both forked and rolled out"})
     gating: Literal["strict", "off"] = field(default="strict", metadata={"help": "strict provenance gating, or off (ablation)"})
     seed: int = field(default=0, metadata={"help": "seed of the continuation reseeds"})
+    replay: float = field(default=0.0, metadata={
+        "help": "replay from earlier cycles: add up to this many times this cycle's kept pairs (per track) from the "
+                "pairs earlier cycles kept, drawn by a seeded RNG (0: off)"})
     reference_pairs: Literal["off", "best", "own"] = field(default="off", metadata={
         "help": "action pairs at the states of the reference (continuation-policy) episodes too: off; best (chosen = the "
                 "best candidate by rollouts); own (chosen = the reference's own action); rejected = a candidate at least "
@@ -92,6 +100,8 @@ class SleepConfig:
     def __post_init__(self) -> None:
         if self.gating not in ("strict", "off"):
             raise ValueError(f"gating must be strict or off, got {self.gating!r}")
+        if not self.replay >= 0:
+            raise ValueError(f"replay must be >= 0, got {self.replay!r}")
         if self.reference_pairs not in ("off", "best", "own"):
             raise ValueError(f"reference_pairs must be off, best or own, got {self.reference_pairs!r}")
 
@@ -132,12 +142,15 @@ class GatingReport:
     kept: dict[str, int] = field(default_factory=dict)
     excluded: Counter = field(default_factory=Counter)
     """(track, reason) -> count"""
+    replayed: dict[str, int] = field(default_factory=dict)
+    """track -> pairs added from earlier cycles (not in ``kept``)"""
 
     def exclude(self, track: str, reason: str) -> None:
         self.excluded[f"{track}:{reason}"] += 1
 
     def as_dict(self) -> dict:
-        return {"candidates": self.candidates, "kept": dict(self.kept), "excluded": dict(sorted(self.excluded.items()))}
+        return {"candidates": self.candidates, "kept": dict(self.kept), "excluded": dict(sorted(self.excluded.items())),
+                "replayed": dict(self.replayed)}
 
 
 # ------------------------------------------------------------------ replay and counterfactual values
@@ -418,7 +431,7 @@ def screen_and_gate(pairs: Sequence[Pair], cfg: SleepConfig, report: GatingRepor
     seen: set[tuple] = set()
     per_template: Counter = Counter()
     for p in pairs:
-        sig = (p.track, json.dumps(p.prompt), p.chosen[0]["content"], p.rejected[0]["content"])
+        sig = _signature(p)
         if sig in seen:
             report.exclude(p.track, "duplicate")
             continue
@@ -447,6 +460,39 @@ def screen_and_gate(pairs: Sequence[Pair], cfg: SleepConfig, report: GatingRepor
     for track in ("action", "dialogue"):
         report.kept[track] = sum(p.track == track for p in kept)
     return kept
+
+
+def _signature(p: Pair) -> tuple:
+    return (p.track, json.dumps(p.prompt), p.chosen[0]["content"], p.rejected[0]["content"])
+
+
+def add_replay(kept: Sequence[Pair], earlier: Sequence[Pair], cfg: SleepConfig, report: GatingReport,
+               key: Sequence[int | str]) -> list[Pair]:
+    """``kept`` plus pairs replayed from ``earlier`` (pairs earlier cycles kept, which may repeat
+    one another): per track, ``n = floor(cfg.replay * kept_t)`` distinct earlier pairs equal to no
+    pair in ``kept``, drawn without replacement by an RNG seeded from ``(cfg.seed, "replay", *key)``
+    (all of them when fewer). Counted in ``report.replayed``; an earlier pair equal to a kept one
+    is counted as ``replay_duplicate``."""
+    out = list(kept)
+    now = {_signature(p) for p in kept}
+    for track in ("action", "dialogue"):
+        pool: list[Pair] = []
+        seen: set[tuple] = set()
+        for p in earlier:
+            sig = _signature(p)
+            if p.track != track or sig in seen:
+                continue
+            seen.add(sig)
+            if sig in now:
+                report.exclude(track, "replay_duplicate")
+            else:
+                pool.append(p)
+        n = min(len(pool), int(cfg.replay * sum(p.track == track for p in kept)))
+        rng = np.random.default_rng(derive_seed(cfg.seed, "replay", track, *key))
+        picked = sorted(rng.choice(len(pool), size=n, replace=False).tolist()) if n else []
+        out += [pool[i] for i in picked]
+        report.replayed[track] = n
+    return out
 
 
 def write_pairs(path: str | Path, pairs: Sequence[Pair]) -> None:

@@ -101,27 +101,32 @@ repair(npc) wait() finalize(slot, option) end()"""
 
 # ---------------------------------------------------------------- language-model policy prompts
 
-POLICY_PROMPT_VERSION = "policy-v2"
+POLICY_PROMPT_VERSION = "policy-v3"
 
 # policy-v2: the scenario's static brief moved into the system message (cacheable per
 # scenario); the user message holds only the state at this step. (policy-v1 had both in the
 # user message; retired before any adapter was trained on it.)
-POLICY_SYSTEM: dict[str, str] = {
-    "policy-v2": (
-        "You organise a group decision: ask people what they want, propose options they accept, "
-        "negotiate with those who refuse, finalize once all agree.\n"
-        "Reply in three lines: what the person who spoke last wants and how they feel, your action, "
-        "your words. For example:\n"
-        "BELIEF: ann venue=park mood=high\n"
-        "ACTION: propose(venue, park, all)\n"
-        "SAY: Ann and Bob, how about the park? Would that work for you?\n\n"
-        "{brief}"
-    ),
-}
+# policy-v3: the user message also lists the agent's own last actions (``Observation.moves``).
+# Under policy-v2 consecutive prompts differed by little more than the turn number, and a
+# behaviour-cloned bundled model repeated one action for whole episodes (docs/design.md).
+_POLICY_SYSTEM_V2 = (
+    "You organise a group decision: ask people what they want, propose options they accept, "
+    "negotiate with those who refuse, finalize once all agree.\n"
+    "Reply in three lines: what the person who spoke last wants and how they feel, your action, "
+    "your words. For example:\n"
+    "BELIEF: ann venue=park mood=high\n"
+    "ACTION: propose(venue, park, all)\n"
+    "SAY: Ann and Bob, how about the park? Would that work for you?\n\n"
+    "{brief}"
+)
+POLICY_SYSTEM: dict[str, str] = {"policy-v2": _POLICY_SYSTEM_V2, "policy-v3": _POLICY_SYSTEM_V2}
 
+# fields: obs (the state, prompts.compact), moves (the agent's own last actions, or POLICY_NO_MOVES)
 POLICY_USER: dict[str, str] = {
     "policy-v2": "{obs}",
+    "policy-v3": "{obs}\nYou did: {moves}",
 }
+POLICY_NO_MOVES = "nothing yet"
 
 # ---------------------------------------------------------------- theory-of-mind stories (issue 6)
 

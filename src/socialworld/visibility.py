@@ -24,6 +24,7 @@ from .templates import CUES, OBSERVATION_TEXT
 from .world import PublicState, subgoal_names
 
 RECENT_LINES = 6
+RECENT_MOVES = 3
 
 # Per-field provenance of an observation: everything is read from structured public state
 # (direct) except mood cues, which are inferred signals (proxy).
@@ -35,6 +36,7 @@ OBSERVATION_PROVENANCE: dict[str, str] = {
     "conflicts": "direct",
     "announcements": "direct",
     "recent": "direct",
+    "moves": "direct",
     "budget_left": "direct",
     "npcs.cue": "proxy",
 }
@@ -98,6 +100,7 @@ def observe(spec: ScenarioSpec, pub: PublicState) -> Observation:
         announcements=tuple(pub.announcements),
         recent=tuple(pub.transcript[-RECENT_LINES:]),
         subgoals=subgoals,
+        moves=tuple(pub.moves[-RECENT_MOVES:]),
     )
 
 

@@ -116,6 +116,7 @@ class PublicState:
     conflicts: list[ConflictState]
     announcements: list[str]
     transcript: list[Line]
+    moves: list[str]  # the agent's own actions so far, canonical form (see observe)
     invalid_tags: frozenset[str]
     concessions: dict[tuple[str, str, str], float]  # (npc, slot, option) -> bonus offered
     revealed: frozenset[tuple[str, str]]  # (npc, slot) answered truthfully
@@ -137,6 +138,7 @@ class PublicState:
             [c.clone() for c in self.conflicts],
             list(self.announcements),
             list(self.transcript),
+            list(self.moves),
             self.invalid_tags,
             dict(self.concessions),
             self.revealed,
@@ -193,6 +195,7 @@ class World:
             conflicts=[],
             announcements=[],
             transcript=[],
+            moves=[],
             invalid_tags=frozenset(),
             concessions={},
             revealed=frozenset(),
@@ -312,6 +315,7 @@ class World:
                 "conflicts": [{"npcs": list(c.npcs), "repaired": c.repaired, "resolved": c.resolved} for c in p.conflicts],
                 "announcements": p.announcements,
                 "transcript": [_dc(x) for x in p.transcript],
+                "moves": list(p.moves),
                 "invalid_tags": sorted(p.invalid_tags),
                 "concessions": [[*k, v] for k, v in p.concessions.items()],
                 "revealed": sorted(list(x) for x in p.revealed),
@@ -366,6 +370,7 @@ class World:
             conflicts=[ConflictState(tuple(c["npcs"]), list(c["repaired"]), c["resolved"]) for c in p["conflicts"]],  # type: ignore[arg-type]
             announcements=list(p["announcements"]),
             transcript=[Line(**x) for x in p["transcript"]],
+            moves=list(p.get("moves", ())),  # snapshots written before moves existed have none
             invalid_tags=frozenset(p["invalid_tags"]),
             concessions={(a, b, c): v for a, b, c, v in p["concessions"]},
             revealed=frozenset(tuple(x) for x in p["revealed"]),  # type: ignore[misc]
@@ -559,6 +564,7 @@ class World:
             if error is not None:
                 status, executed = "illegal", Action("wait", utterance=action.utterance)
                 penalty, reasons = PENALTY_INVALID, ["illegal"]
+        p.moves.append("(unparseable)" if action is None else action.key + (" (illegal)" if status == "illegal" else ""))
         if executed.utterance:
             p.transcript.append(Line(p.t, "agent", executed.utterance))
         if status == "ok":

@@ -35,7 +35,7 @@ def focus(obs: Observation) -> str | None:
 
 
 def program(obs: Observation, say_tokens: int, adapters: tuple[str, str] | None = None) -> list[Segment]:
-    """The reply grammar of ``policy-v2`` for constrained decoding: a BELIEF about the
+    """The reply grammar of ``policy-v2``/``policy-v3`` (the same) for constrained decoding: a BELIEF about the
     :func:`focus` NPC (preferred option on every decision it has a say on, and its mood bucket),
     one ACTION from :func:`~socialworld.visibility.legal_actions`, and a free one-line SAY.
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from ..core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation
-from ..templates import POLICY_PROMPT_VERSION, POLICY_SYSTEM, POLICY_USER
+from ..templates import POLICY_NO_MOVES, POLICY_PROMPT_VERSION, POLICY_SYSTEM, POLICY_USER
 from ..visibility import memory_text
 
 
@@ -56,7 +56,7 @@ def compact(obs: Observation) -> str:
 def build_messages(obs: Observation, version: str = POLICY_PROMPT_VERSION) -> list[dict[str, str]]:
     return [
         {"role": "system", "content": POLICY_SYSTEM[version].format(brief=brief(obs))},
-        {"role": "user", "content": POLICY_USER[version].format(obs=compact(obs))},
+        {"role": "user", "content": POLICY_USER[version].format(obs=compact(obs), moves="; ".join(obs.moves) or POLICY_NO_MOVES)},
     ]
 
 
