@@ -57,6 +57,29 @@ def test_action_pairs_come_from_real_forks(lunch, random_eps):
         assert p.prompt[0]["role"] == "system" and p.chosen[0]["content"].startswith("BELIEF: ")
 
 
+def test_wake_pairs_with_the_continuation_policys_labels(lunch, random_eps):
+    from socialworld.visibility import observe
+    from socialworld.world import World
+
+    cfg = SleepConfig(rollouts=1, horizon=4, max_candidates=6, wake_chosen="continuation")
+    report = GatingReport()
+    ep = random_eps[0]
+    pairs = action_pairs(lunch, ep, cfg, report)
+    assert pairs and all("label" in p.provenance for p in pairs)
+    # the label is what the expert does when fed this episode's observations in order
+    expert, w, labels = make_policy("expert"), World(lunch, ep.seed), {}
+    expert.reset(["x"])
+    for s in ep.steps:
+        labels[s.setting.step] = expert.act(["x"], [observe(lunch, w.pub)])[0].action.key
+        w.step(recorded_action(s), parse_error=s.action.error if s.action.parse_status == "unparseable" else None)
+    for p in pairs:
+        assert p.chosen[0]["content"].endswith("ACTION: " + labels[p.step])
+        assert p.chosen_value >= p.rejected_value + cfg.margin  # the rollouts favour the label too
+    assert report.candidates == len(ep.steps) == len(pairs) + sum(report.excluded.values())
+    with pytest.raises(ValueError, match="wake_chosen"):
+        SleepConfig(wake_chosen="oracle")
+
+
 def test_reference_pairs_cover_the_reference_episode_states(lunch):
     ref = run_episodes(make_policy("expert"), [EpisodeJob(lunch, 11)])[0]
     cfg = SleepConfig(rollouts=2, horizon=6, max_candidates=8, reference_pairs="best")

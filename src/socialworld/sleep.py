@@ -8,6 +8,9 @@ strict gating, with a report that counts every exclusion by reason.
 * **Action track** (step level) — prompt = the policy's prompt at that step; chosen = the best
   candidate with the true mental state of the focus NPC as its belief (a hindsight label from
   the simulator); rejected = what the policy wrote. Kept when the value margin is >= ``margin``.
+  With ``wake_chosen="continuation"`` chosen is instead the continuation policy's action at
+  that state (DAgger's expert label: the policy is fed the episode's observations in order),
+  still kept only when its rollout value beats the policy's by ``margin``.
 * **Reference states** (action track, ``reference_pairs`` = ``best`` or ``own``) — the same
   scoring at each state of the reference episode (the continuation policy on the same seed):
   chosen = the best candidate (``best``) or the reference's own action (``own``: DAgger's
@@ -89,6 +92,10 @@ class SleepConfig:
                 "each step it executed, both forked and rolled out"})
     gating: Literal["strict", "off"] = field(default="strict", metadata={"help": "strict provenance gating, or off (ablation)"})
     seed: int = field(default=0, metadata={"help": "seed of the continuation reseeds"})
+    wake_chosen: Literal["best", "continuation"] = field(default="best", metadata={
+        "help": "chosen side of the action pairs at the wake policy's own states: best (the best candidate by rollouts) "
+                "or continuation (what the continuation policy does at that state, fed the episode's observations "
+                "in order: DAgger's expert label; kept only when the rollouts also favour it by margin)"})
     replay: float = field(default=0.0, metadata={
         "help": "replay from earlier cycles: add up to this many times this cycle's kept pairs (per track) from the "
                 "pairs earlier cycles kept, drawn by a seeded RNG (0: off)"})
@@ -100,6 +107,8 @@ class SleepConfig:
     def __post_init__(self) -> None:
         if self.gating not in ("strict", "off"):
             raise ValueError(f"gating must be strict or off, got {self.gating!r}")
+        if self.wake_chosen not in ("best", "continuation"):
+            raise ValueError(f"wake_chosen must be best or continuation, got {self.wake_chosen!r}")
         if not self.replay >= 0:
             raise ValueError(f"replay must be >= 0, got {self.replay!r}")
         if self.reference_pairs not in ("off", "best", "own"):
@@ -244,11 +253,25 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
     from .visibility import observe as _observe
 
     pairs = []
+    labeller = make_policy(cfg.continuation, seed=derive_seed(cfg.seed, "label", ep.episode_id)) \
+        if cfg.wake_chosen == "continuation" else None
+    if labeller is not None:
+        labeller.reset(["label"])
     for s, w in replay(spec, ep):
         t = s.setting.step
         key = (ep.scenario_id, ep.seed, t)
         taken = recorded_action(s)
+        label = None
+        if labeller is not None:  # fed every state in order, so its memory follows the episode
+            d = decide(labeller, ["label"], [w], [observe(spec, w.pub)])[0]
+            label = d.action.without_utterance() if d.action is not None else None
+            if label is None or label.key not in {a.key for a in legal_actions(observe(spec, w.pub))}:
+                report.candidates += 1
+                report.exclude("action", "label_illegal")
+                continue
         cands = candidates(w, taken if s.action.parse_status == "ok" else None, cfg.max_candidates, key)
+        if label is not None and label.key not in {a.key for a in cands}:
+            cands.append(label)
         values = {a.key: rollout_returns(w, _say(w, a), cfg, key) for a in cands}
         # the taken step as executed (unparseable/illegal -> wait with the penalty) is the rejected side
         rej_returns = rollout_returns(w, _say(w, Action("wait")), cfg, key) if taken is None or s.action.parse_status != "ok" \
@@ -257,6 +280,8 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
             rej_returns = [r - (s.signals.penalty.value or 0.0) for r in rej_returns]
         best = max(cands, key=lambda a: (fmean(values[a.key]), a.key))
         report.candidates += 1
+        if label is not None:
+            best = next(a for a in cands if a.key == label.key)
         margin = fmean(values[best.key]) - fmean(rej_returns)
         if (taken is not None and best.key == taken.key and s.action.parse_status == "ok") or margin < cfg.margin:
             report.exclude("action", "below_margin")
@@ -270,7 +295,8 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
             id=_pair_id("action", ep.episode_id, t, chosen, rejected), track="action", scenario_id=ep.scenario_id,
             tier=ep.tier, seed=ep.seed, step=t, episode_id=ep.episode_id, prompt=build_messages(obs),
             chosen=_assistant(chosen), rejected=_assistant(rejected), chosen_value=fmean(values[best.key]),
-            rejected_value=fmean(rej_returns), quality=quality, provenance=cfg.provenance, evidence=_evidence(ep),
+            rejected_value=fmean(rej_returns), quality=quality, evidence=_evidence(ep),
+            provenance=cfg.provenance + (f"; chosen: {cfg.continuation}'s label" if label is not None else ""),
             template_key=f"{ep.scenario_id}:{best.key}>{taken.key if taken else 'unparseable'}",
             snapshot=w.snapshot_json(),
         ))
