@@ -78,9 +78,10 @@ def test_prompts_are_short(specs, tiny):
 
 
 def test_prompt_shows_the_agents_own_last_actions(specs):
-    first, later = build_messages(_obs(specs)), build_messages(_obs(specs, steps=2))
-    assert first[1]["content"].endswith("You did: nothing yet")
-    assert later[1]["content"].splitlines()[-1].startswith("You did: ") and "(" in later[1]["content"].splitlines()[-1]
+    obs = _obs(specs, steps=2)
+    assert len(obs.moves) == 2
+    assert build_messages(_obs(specs))[1]["content"].endswith("\nYou did: nothing yet")
+    assert build_messages(obs)[1]["content"].endswith("\nYou did: " + "; ".join(obs.moves))
     assert "You did" not in build_messages(_obs(specs, steps=2), "policy-v2")[1]["content"]  # kept as it was measured
 
 

@@ -250,8 +250,6 @@ def _evidence(ep: EpisodeRecord) -> dict[str, str]:
 
 def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report: GatingReport) -> list[Pair]:
     """Step-level counterfactual pairs of one wake episode (before screening and gating)."""
-    from .visibility import observe as _observe
-
     pairs = []
     labeller = make_policy(cfg.continuation, seed=derive_seed(cfg.seed, "label", ep.episode_id)) \
         if cfg.wake_chosen == "continuation" else None
@@ -261,11 +259,12 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
         t = s.setting.step
         key = (ep.scenario_id, ep.seed, t)
         taken = recorded_action(s)
+        obs = observe(spec, w.pub)
         label = None
         if labeller is not None:  # fed every state in order, so its memory follows the episode
-            d = decide(labeller, ["label"], [w], [observe(spec, w.pub)])[0]
+            d = decide(labeller, ["label"], [w], [obs])[0]
             label = d.action.without_utterance() if d.action is not None else None
-            if label is None or label.key not in {a.key for a in legal_actions(observe(spec, w.pub))}:
+            if label is None or label.key not in {a.key for a in legal_actions(obs)}:
                 report.candidates += 1
                 report.exclude("action", "label_illegal")
                 continue
@@ -286,7 +285,6 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
         if (taken is not None and best.key == taken.key and s.action.parse_status == "ok") or margin < cfg.margin:
             report.exclude("action", "below_margin")
             continue
-        obs = _observe(spec, w.pub)
         npc = focus(obs)
         chosen = f"{_belief_text(npc, s.mental_state.truth)}\nACTION: {best.key}"
         rejected = s.action.raw.split("\nSAY:", 1)[0].strip() or "(empty)"
