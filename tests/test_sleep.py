@@ -79,6 +79,27 @@ def test_wake_pairs_with_the_continuation_policys_labels(lunch, random_eps):
     with pytest.raises(ValueError, match="wake_chosen"):
         SleepConfig(wake_chosen="oracle")
 
+    # plain DAgger: every label that differs from what the policy did, whatever the rollouts say
+    loose, report2 = replace(cfg, label_gate="disagree"), GatingReport()
+    every = action_pairs(lunch, ep, loose, report2)
+    differs = {s.setting.step for s in ep.steps
+               if not (s.action.parse_status == "ok" and recorded_action(s).key == labels[s.setting.step])}
+    assert {p.step for p in every} == differs
+    assert report2.excluded.get("action:below_margin", 0) == 0
+    assert report2.excluded.get("action:label_agrees", 0) == len(ep.steps) - len(differs)
+    assert any(p.chosen_value < p.rejected_value + cfg.margin for p in every)  # the margin would have dropped these
+    same = {p.step: p for p in every}
+    for p in pairs:  # where both keep a label, it is the same pair (the same rollouts)
+        assert same[p.step].chosen_value == p.chosen_value and same[p.step].rejected_value == p.rejected_value
+    # the quality threshold does not apply to a label under disagree, and does under margin
+    weak = [p for p in every if p.quality < loose.quality_threshold]
+    assert weak
+    assert {p.id for p in screen_and_gate(weak, replace(loose, template_cap=99), GatingReport())} == {p.id for p in weak}
+    r3 = GatingReport()
+    assert screen_and_gate(weak, replace(cfg, template_cap=99), r3) == [] and r3.excluded["action:low_quality"] == len(weak)
+    with pytest.raises(ValueError, match="label_gate"):
+        SleepConfig(label_gate="always")
+
 
 def test_reference_pairs_cover_the_reference_episode_states(lunch):
     ref = run_episodes(make_policy("expert"), [EpisodeJob(lunch, 11)])[0]

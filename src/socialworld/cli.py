@@ -170,6 +170,7 @@ def loop_cmd(
     reference_pairs: str = typer.Option("off", help=help_for(_SleepConfig(), "reference_pairs")),
     replay: float = typer.Option(0.0, help=help_for(_SleepConfig(), "replay")),
     wake_chosen: str = typer.Option("best", help=help_for(_SleepConfig(), "wake_chosen")),
+    label_gate: str = typer.Option("margin", help=help_for(_SleepConfig(), "label_gate")),
 ) -> None:
     """Wake-sleep-deploy: roll out on training seeds, build and gate counterfactual pairs, train
     one LoRA adapter per track with TRL, deploy and evaluate; resumable in --out."""
@@ -184,7 +185,7 @@ def loop_cmd(
                      eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
                      unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged,  # type: ignore[arg-type]
                      sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold, reference_pairs=reference_pairs,  # type: ignore[arg-type]
-                                   replay=replay, wake_chosen=wake_chosen),
+                                   replay=replay, wake_chosen=wake_chosen, label_gate=label_gate),
                      train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight))  # type: ignore[arg-type]
     summaries = _with_bars(lambda progress: run_loop(cfg, log=console.print, progress=progress))
     t = Table(title=f"loop: {out}")

@@ -93,7 +93,7 @@ UNTRAINED = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycl
 """Artifacts made by the untrained policy alone: the same in every run of the same model and seeds."""
 EVAL_KEYS = ("model", "tiers", "scenarios", "eval_episodes", "seed", "max_turns")
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
-ADDED_FIELDS = {"max_turns": 0, "sleep": {"reference_pairs": "off", "replay": 0.0, "wake_chosen": "best"}}
+ADDED_FIELDS = {"max_turns": 0, "sleep": {"reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin"}}
 """Config fields added after runs were written, each with the value that behaves as the code did
 before it: a stored config without one resumes as if it had that value. (Not every default
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""
@@ -310,7 +310,7 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
     run_ids = sorted(p.id for t in TRACKS for p in read_pairs(run.path(f"{d}/sleep/pairs-{t}.parquet")) if p.id in built)
     out = {}
     for name, v in {"run": own, **variants}.items():
-        fixed = ("margin", "rollouts", "horizon", "continuation", "max_candidates", "seed", "reference_pairs", "wake_chosen")
+        fixed = ("margin", "rollouts", "horizon", "continuation", "max_candidates", "seed", "reference_pairs", "wake_chosen", "label_gate")
         if any(getattr(v, k) != getattr(own, k) for k in fixed):
             raise ValueError(f"variant {name}: only screening and gating settings may differ from the run's")
         report = GatingReport(candidates=build.candidates, excluded=build.excluded.copy())

@@ -9,8 +9,11 @@ strict gating, with a report that counts every exclusion by reason.
   candidate with the true mental state of the focus NPC as its belief (a hindsight label from
   the simulator); rejected = what the policy wrote. Kept when the value margin is >= ``margin``.
   With ``wake_chosen="continuation"`` chosen is instead the continuation policy's action at
-  that state (DAgger's expert label: the policy is fed the episode's observations in order),
-  still kept only when its rollout value beats the policy's by ``margin``.
+  that state (DAgger's expert label: the policy is fed the episode's observations in order);
+  only the label and the taken action are rolled out. ``label_gate="margin"`` keeps a label only
+  when its rollout value beats the policy's by ``margin``; ``"disagree"`` keeps every label that
+  differs from what the policy did (plain DAgger: behaviour cloning needs every disagreement; the
+  values are still recorded, the quality threshold is not applied to them). A label equal to the taken action is ``label_agrees``.
 * **Reference states** (action track, ``reference_pairs`` = ``best`` or ``own``) — the same
   scoring at each state of the reference episode (the continuation policy on the same seed):
   chosen = the best candidate (``best``) or the reference's own action (``own``: DAgger's
@@ -75,6 +78,8 @@ from .world import World
 PAIR_SCHEMA = "pair-v1"
 GOOD_SOURCES = ("direct", "fused")
 EVIDENCE_KEYS = ("U", "A_e", "S_npc", "D")
+LABEL_NOTE = "; chosen: {}'s label"
+"""ends the provenance of a pair whose chosen side is the continuation policy's label at a wake state"""
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,10 @@ class SleepConfig:
         "help": "chosen side of the action pairs at the wake policy's own states: best (the best candidate by rollouts) "
                 "or continuation (what the continuation policy does at that state, fed the episode's observations "
                 "in order: DAgger's expert label; kept only when the rollouts also favour it by margin)"})
+    label_gate: Literal["margin", "disagree"] = field(default="margin", metadata={
+        "help": "with wake_chosen=continuation: keep an expert label when the rollouts favour it over the policy's "
+                "action by margin (margin), or whenever it differs from the policy's action (disagree: plain DAgger; the quality threshold "
+                "does not apply to labels either)"})
     replay: float = field(default=0.0, metadata={
         "help": "replay from earlier cycles: add up to this many times this cycle's kept pairs (per track) from the "
                 "pairs earlier cycles kept, drawn by a seeded RNG (0: off)"})
@@ -109,6 +118,8 @@ class SleepConfig:
             raise ValueError(f"gating must be strict or off, got {self.gating!r}")
         if self.wake_chosen not in ("best", "continuation"):
             raise ValueError(f"wake_chosen must be best or continuation, got {self.wake_chosen!r}")
+        if self.label_gate not in ("margin", "disagree"):
+            raise ValueError(f"label_gate must be margin or disagree, got {self.label_gate!r}")
         if not self.replay >= 0:
             raise ValueError(f"replay must be >= 0, got {self.replay!r}")
         if self.reference_pairs not in ("off", "best", "own"):
@@ -260,29 +271,30 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
         key = (ep.scenario_id, ep.seed, t)
         taken = recorded_action(s)
         obs = observe(spec, w.pub)
+        report.candidates += 1
         label = None
         if labeller is not None:  # fed every state in order, so its memory follows the episode
             d = decide(labeller, ["label"], [w], [obs])[0]
             label = d.action.without_utterance() if d.action is not None else None
             if label is None or label.key not in {a.key for a in legal_actions(obs)}:
-                report.candidates += 1
                 report.exclude("action", "label_illegal")
                 continue
-        cands = candidates(w, taken if s.action.parse_status == "ok" else None, cfg.max_candidates, key)
-        if label is not None and label.key not in {a.key for a in cands}:
-            cands.append(label)
+        if label is not None and taken is not None and label.key == taken.key and s.action.parse_status == "ok":
+            report.exclude("action", "label_agrees")
+            continue
+        # with a label only it and the taken action need values (rollouts are per action: the same numbers)
+        cands = [label] + ([taken] if taken is not None and s.action.parse_status == "ok" else []) if label is not None \
+            else candidates(w, taken if s.action.parse_status == "ok" else None, cfg.max_candidates, key)
         values = {a.key: rollout_returns(w, _say(w, a), cfg, key) for a in cands}
         # the taken step as executed (unparseable/illegal -> wait with the penalty) is the rejected side
         rej_returns = rollout_returns(w, _say(w, Action("wait")), cfg, key) if taken is None or s.action.parse_status != "ok" \
             else values.get(taken.key) or rollout_returns(w, taken, cfg, key)
         if s.action.parse_status != "ok":
             rej_returns = [r - (s.signals.penalty.value or 0.0) for r in rej_returns]
-        best = max(cands, key=lambda a: (fmean(values[a.key]), a.key))
-        report.candidates += 1
-        if label is not None:
-            best = next(a for a in cands if a.key == label.key)
+        best = label if label is not None else max(cands, key=lambda a: (fmean(values[a.key]), a.key))
         margin = fmean(values[best.key]) - fmean(rej_returns)
-        if (taken is not None and best.key == taken.key and s.action.parse_status == "ok") or margin < cfg.margin:
+        gated = label is None or cfg.label_gate == "margin"
+        if (taken is not None and best.key == taken.key and s.action.parse_status == "ok") or (gated and margin < cfg.margin):
             report.exclude("action", "below_margin")
             continue
         npc = focus(obs)
@@ -294,7 +306,7 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
             tier=ep.tier, seed=ep.seed, step=t, episode_id=ep.episode_id, prompt=build_messages(obs),
             chosen=_assistant(chosen), rejected=_assistant(rejected), chosen_value=fmean(values[best.key]),
             rejected_value=fmean(rej_returns), quality=quality, evidence=_evidence(ep),
-            provenance=cfg.provenance + (f"; chosen: {cfg.continuation}'s label" if label is not None else ""),
+            provenance=cfg.provenance + (LABEL_NOTE.format(cfg.continuation) if label is not None else ""),
             template_key=f"{ep.scenario_id}:{best.key}>{taken.key if taken else 'unparseable'}",
             snapshot=w.snapshot_json(),
         ))
@@ -473,7 +485,7 @@ def screen_and_gate(pairs: Sequence[Pair], cfg: SleepConfig, report: GatingRepor
                     src = p.evidence[bad[0]]
                     report.exclude(p.track, f"{src}_evidence")
                     continue
-                if p.quality < cfg.quality_threshold:
+                if p.quality < cfg.quality_threshold and not (cfg.label_gate == "disagree" and _is_label(p)):
                     report.exclude(p.track, "low_quality")
                     continue
             elif p.evidence.get("D") == "missing":
@@ -484,6 +496,11 @@ def screen_and_gate(pairs: Sequence[Pair], cfg: SleepConfig, report: GatingRepor
     for track in ("action", "dialogue"):
         report.kept[track] = sum(p.track == track for p in kept)
     return kept
+
+
+def _is_label(p: Pair) -> bool:
+    prefix, suffix = LABEL_NOTE.split("{}")
+    return prefix in p.provenance and p.provenance.endswith(suffix)
 
 
 def _signature(p: Pair) -> tuple:
