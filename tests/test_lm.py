@@ -85,6 +85,32 @@ def test_prompt_shows_the_agents_own_last_actions(specs):
     assert "You did" not in build_messages(_obs(specs, steps=2), "policy-v2")[1]["content"]  # kept as it was measured
 
 
+def test_prompt_shows_what_each_stakeholder_wants(specs):
+    seen = set()
+    for sid in ("team_lunch-v1", "activity_debrief-v1"):
+        for steps in range(0, 10):
+            obs = _obs(specs, sid, seed=5, steps=steps)
+            text = build_messages(obs)[1]["content"]
+            assert "wants:" not in build_messages(obs, "policy-v3")[1]["content"]
+            for s in obs.slots:
+                if s.status != "open":
+                    continue
+                line = next(x for x in text.splitlines() if x.startswith(f"{s.id}: open"))
+                said = dict(kv.split("=") for kv in line.split("; wants: ")[1].split(";")[0].split())
+                assert list(said) == list(s.stakeholders)
+                for h in s.stakeholders:
+                    facts = [f for f in obs.facts if f.npc == h and f.slot == s.id]
+                    prefers = [f.option for f in facts if f.kind == "prefers"]
+                    if not facts:
+                        assert said[h] == "?"
+                    elif prefers and not any(f.kind == "unsettled" for f in facts):
+                        assert said[h] == prefers[-1]
+                    elif not prefers:
+                        assert said[h] == f"vague{sum(f.kind == 'vague' for f in facts)}"
+                    seen.add(said[h][:5] if said[h].startswith("vague") else "?" if said[h] == "?" else "known")
+    assert seen >= {"?", "known", "vague"}  # every case was checked
+
+
 def test_program_offers_exactly_the_legal_actions(specs):
     for sid, spec in specs.items():
         w = World(spec, 2)

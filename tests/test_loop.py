@@ -101,6 +101,10 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
     assert not any("wake" in m for m in logs)
     with pytest.raises(ValueError, match="not the same data"):
         run_loop(replace(variant, out=str(tmp_path / "d"), seed=1))
+    monkeypatch.setattr(loop_mod, "POLICY_PROMPT_VERSION", "policy-v0")  # records made under another prompt
+    with pytest.raises(ValueError, match="made under prompt policy-v4"):
+        run_loop(replace(variant, out=str(tmp_path / "prompt")))
+    monkeypatch.undo()
 
     # kill the loop inside cycle 2's training, then resume: same final artifacts
     real = loop_mod.train_adapter

@@ -44,6 +44,7 @@ from .runner import EpisodeJob, run_episodes
 from .sleep import GatingReport, SleepConfig, add_replay, candidate_pairs, read_pairs, screen_and_gate, write_pairs
 from .spec import resolve_scenarios
 from .stats import paired_difference
+from .templates import POLICY_PROMPT_VERSION
 from .train import TrainConfig, grpo_rows, train_adapter
 
 TRACKS = ("action", "dialogue")
@@ -102,7 +103,8 @@ qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plai
 def _reuse(run: RunDir, cfg: LoopConfig) -> None:
     """Copy the untrained policy's artifacts from ``cfg.reuse_from``: the cycle-0 evaluation when
     model, scenarios, eval episodes and seed match; cycle 1's wake when, besides, the training
-    episodes and cycle 1's tiers match. Each must be complete there."""
+    episodes and cycle 1's tiers match. Each must be complete there, and made under this code's
+    policy prompt."""
     import yaml
 
     if not Path(cfg.reuse_from, "manifest.json").exists():
@@ -117,9 +119,17 @@ def _reuse(run: RunDir, cfg: LoopConfig) -> None:
     theirs_cfg = LoopConfig(tiers=tuple(theirs["tiers"]), unlock=theirs["unlock"])
     same_wake = all(theirs.get(k) == mine[k] for k in WAKE_KEYS) and \
         unlocked_tiers(theirs_cfg, 1, (), []) == unlocked_tiers(cfg, 1, (), [])
-    for rel in UNTRAINED if same_wake else UNTRAINED[:1]:
+    rels = UNTRAINED if same_wake else UNTRAINED[:1]
+    for rel in rels:
         if not src.complete(rel):
             raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} is missing or incomplete there")
+        with open(src.path(rel)) as f:  # a language model's records name the prompt they were made under
+            first = json.loads(f.readline() or "{}")
+        prompt = next((s["policy"]["decoding"].get("prompt") for s in first.get("steps", [])[:1]), None)
+        if prompt not in (None, POLICY_PROMPT_VERSION):
+            raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} was made under prompt {prompt}, this code "
+                             f"prompts with {POLICY_PROMPT_VERSION}, so its artifacts are not the same data")
+    for rel in rels:
         run.produce(rel, f"copied:{src.root}@{src.sha(rel)[:12]}", lambda p, r=rel: shutil.copyfile(src.path(r), p))
 
 

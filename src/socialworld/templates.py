@@ -101,7 +101,7 @@ repair(npc) wait() finalize(slot, option) end()"""
 
 # ---------------------------------------------------------------- language-model policy prompts
 
-POLICY_PROMPT_VERSION = "policy-v3"
+POLICY_PROMPT_VERSION = "policy-v4"
 
 # policy-v2: the scenario's static brief moved into the system message (cacheable per
 # scenario); the user message holds only the state at this step. (policy-v1 had both in the
@@ -109,6 +109,11 @@ POLICY_PROMPT_VERSION = "policy-v3"
 # policy-v3: the user message also lists the agent's own last actions (``Observation.moves``).
 # Under policy-v2 consecutive prompts differed by little more than the turn number, and a
 # behaviour-cloned bundled model repeated one action for whole episodes (docs/design.md).
+# policy-v4: each open decision's line says what each of its stakeholders is known to want
+# (``wants: dev=hiking mia=? omar=vague2``, from the public fact log) instead of a flat
+# "Known:" list of the last eight preferences; vetoes and dislikes stay in "Known:". Under
+# policy-v3 a behaviour-cloned model kept asking the same person: whom it had not asked yet
+# was spread over the whole prompt.
 _POLICY_SYSTEM_V2 = (
     "You organise a group decision: ask people what they want, propose options they accept, "
     "negotiate with those who refuse, finalize once all agree.\n"
@@ -119,13 +124,16 @@ _POLICY_SYSTEM_V2 = (
     "SAY: Ann and Bob, how about the park? Would that work for you?\n\n"
     "{brief}"
 )
-POLICY_SYSTEM: dict[str, str] = {"policy-v2": _POLICY_SYSTEM_V2, "policy-v3": _POLICY_SYSTEM_V2}
+POLICY_SYSTEM: dict[str, str] = {"policy-v2": _POLICY_SYSTEM_V2, "policy-v3": _POLICY_SYSTEM_V2, "policy-v4": _POLICY_SYSTEM_V2}
 
 # fields: obs (the state, prompts.compact), moves (the agent's own last actions, or POLICY_NO_MOVES)
 POLICY_USER: dict[str, str] = {
     "policy-v2": "{obs}",
     "policy-v3": "{obs}\nYou did: {moves}",
+    "policy-v4": "{obs}\nYou did: {moves}",
 }
+POLICY_WANTS = {"policy-v2": False, "policy-v3": False, "policy-v4": True}
+"""whether the version's state (prompts.compact) shows per-decision wants"""
 POLICY_NO_MOVES = "nothing yet"
 
 # ---------------------------------------------------------------- theory-of-mind stories (issue 6)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from ..core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation
-from ..templates import POLICY_NO_MOVES, POLICY_PROMPT_VERSION, POLICY_SYSTEM, POLICY_USER
+from ..core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, SlotView
+from ..templates import POLICY_NO_MOVES, POLICY_PROMPT_VERSION, POLICY_SYSTEM, POLICY_USER, POLICY_WANTS
 from ..visibility import memory_text
 
 
@@ -21,8 +21,20 @@ def brief(obs: Observation) -> str:
     return "\n".join(lines)
 
 
-def compact(obs: Observation) -> str:
-    """The state at this step, short enough for small models (ids, not labels)."""
+def wants(obs: Observation, slot: SlotView) -> str:
+    """What each stakeholder of ``slot`` is known to want, from the public fact log (the same
+    inference as the expert's): its preferred option, ``vague<n>`` after n vague answers only, or ``?``."""
+    from ..policies.scripted import Beliefs
+
+    b = Beliefs().update(obs)
+    return " ".join(f"{h}=" + (b.prefers.get(h, {}).get(slot.id) or (f"vague{b.vague[(h, slot.id)]}" if b.vague[(h, slot.id)] else "?"))
+                    for h in slot.stakeholders)
+
+
+def compact(obs: Observation, with_wants: bool = False) -> str:
+    """The state at this step, short enough for small models (ids, not labels). ``with_wants``
+    (policy-v4): each open decision says what its stakeholders want, and "Known:" keeps only
+    vetoes and dislikes."""
     lines = [f"Turn {obs.step + 1}/{obs.turn_budget}."]
     if obs.budget is not None:
         lines.append(f"Budget left: {obs.budget_left:g}")
@@ -34,10 +46,13 @@ def compact(obs: Observation) -> str:
             continue
         gone = [o.id for o in s.options if not o.available]
         line = f"{s.id}: open" + (f", gone {'|'.join(gone)}" if gone else "")
+        if with_wants:
+            line += f"; wants: {wants(obs, s)}"
         if s.proposal:
             line += f"; proposed {s.proposal}, yes: {' '.join(s.accepted_by) or '-'}, no: {' '.join(s.rejected_by) or '-'}"
         lines.append(line)
-    known = [f"{f.npc} {f.kind} {f.option}" for f in obs.facts if f.kind in ("prefers", "vetoes", "dislikes")]
+    kinds = ("vetoes", "dislikes") if with_wants else ("prefers", "vetoes", "dislikes")
+    known = [f"{f.npc} {f.kind} {f.option}" for f in obs.facts if f.kind in kinds]
     if known:
         lines.append("Known: " + "; ".join(known[-8:]))
     open_conflicts = [c for c in obs.conflicts if not c.resolved]
@@ -56,7 +71,7 @@ def compact(obs: Observation) -> str:
 def build_messages(obs: Observation, version: str = POLICY_PROMPT_VERSION) -> list[dict[str, str]]:
     return [
         {"role": "system", "content": POLICY_SYSTEM[version].format(brief=brief(obs))},
-        {"role": "user", "content": POLICY_USER[version].format(obs=compact(obs), moves="; ".join(obs.moves) or POLICY_NO_MOVES)},
+        {"role": "user", "content": POLICY_USER[version].format(obs=compact(obs, POLICY_WANTS[version]), moves="; ".join(obs.moves) or POLICY_NO_MOVES)},
     ]
 
 
