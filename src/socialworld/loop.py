@@ -124,8 +124,9 @@ def _reuse(run: RunDir, cfg: LoopConfig) -> None:
         if not src.complete(rel):
             raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} is missing or incomplete there")
         with open(src.path(rel)) as f:  # a language model's records name the prompt they were made under
-            first = json.loads(f.readline() or "{}")
-        prompt = next((s["policy"]["decoding"].get("prompt") for s in first.get("steps", [])[:1]), None)
+            line = f.readline()
+        first = EpisodeRecord.model_validate_json(line) if line.strip() else None
+        prompt = first.steps[0].policy.decoding.get("prompt") if first is not None and first.steps else None
         if prompt not in (None, POLICY_PROMPT_VERSION):
             raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} was made under prompt {prompt}, this code "
                              f"prompts with {POLICY_PROMPT_VERSION}, so its artifacts are not the same data")

@@ -270,6 +270,7 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
         t = s.setting.step
         key = (ep.scenario_id, ep.seed, t)
         taken = recorded_action(s)
+        ran = taken if s.action.parse_status == "ok" else None  # what the step executed as written
         obs = observe(spec, w.pub)
         report.candidates += 1
         label = None
@@ -279,22 +280,23 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
             if label is None or label.key not in {a.key for a in legal_actions(obs)}:
                 report.exclude("action", "label_illegal")
                 continue
-        if label is not None and taken is not None and label.key == taken.key and s.action.parse_status == "ok":
+        if label is not None and ran is not None and label.key == ran.key:
             report.exclude("action", "label_agrees")
             continue
-        # with a label only it and the taken action need values (rollouts are per action: the same numbers)
-        cands = [label] + ([taken] if taken is not None and s.action.parse_status == "ok" else []) if label is not None \
-            else candidates(w, taken if s.action.parse_status == "ok" else None, cfg.max_candidates, key)
+        if label is None:
+            cands = candidates(w, ran, cfg.max_candidates, key)
+        else:  # only the label and the taken action need values (rollouts are per action: the same numbers)
+            cands = [label] + ([ran] if ran is not None else [])
         values = {a.key: rollout_returns(w, _say(w, a), cfg, key) for a in cands}
         # the taken step as executed (unparseable/illegal -> wait with the penalty) is the rejected side
-        rej_returns = rollout_returns(w, _say(w, Action("wait")), cfg, key) if taken is None or s.action.parse_status != "ok" \
-            else values.get(taken.key) or rollout_returns(w, taken, cfg, key)
+        rej_returns = rollout_returns(w, _say(w, Action("wait")), cfg, key) if ran is None \
+            else values.get(ran.key) or rollout_returns(w, ran, cfg, key)
         if s.action.parse_status != "ok":
             rej_returns = [r - (s.signals.penalty.value or 0.0) for r in rej_returns]
         best = label if label is not None else max(cands, key=lambda a: (fmean(values[a.key]), a.key))
         margin = fmean(values[best.key]) - fmean(rej_returns)
         gated = label is None or cfg.label_gate == "margin"
-        if (taken is not None and best.key == taken.key and s.action.parse_status == "ok") or (gated and margin < cfg.margin):
+        if (ran is not None and best.key == ran.key) or (gated and margin < cfg.margin):
             report.exclude("action", "below_margin")
             continue
         npc = focus(obs)
@@ -485,7 +487,8 @@ def screen_and_gate(pairs: Sequence[Pair], cfg: SleepConfig, report: GatingRepor
                     src = p.evidence[bad[0]]
                     report.exclude(p.track, f"{src}_evidence")
                     continue
-                if p.quality < cfg.quality_threshold and not (cfg.label_gate == "disagree" and _is_label(p)):
+                label = p.provenance.endswith(LABEL_NOTE.format(cfg.continuation))
+                if p.quality < cfg.quality_threshold and not (cfg.label_gate == "disagree" and label):
                     report.exclude(p.track, "low_quality")
                     continue
             elif p.evidence.get("D") == "missing":
@@ -496,11 +499,6 @@ def screen_and_gate(pairs: Sequence[Pair], cfg: SleepConfig, report: GatingRepor
     for track in ("action", "dialogue"):
         report.kept[track] = sum(p.track == track for p in kept)
     return kept
-
-
-def _is_label(p: Pair) -> bool:
-    prefix, suffix = LABEL_NOTE.split("{}")
-    return prefix in p.provenance and p.provenance.endswith(suffix)
 
 
 def _signature(p: Pair) -> tuple:

@@ -4,10 +4,14 @@ and the strict parser of their output."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from ..core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, SlotView
 from ..templates import POLICY_NO_MOVES, POLICY_PROMPT_VERSION, POLICY_SYSTEM, POLICY_USER, POLICY_WANTS
 from ..visibility import memory_text
+
+if TYPE_CHECKING:
+    from ..policies.scripted import Beliefs
 
 
 def brief(obs: Observation) -> str:
@@ -21,20 +25,23 @@ def brief(obs: Observation) -> str:
     return "\n".join(lines)
 
 
-def wants(obs: Observation, slot: SlotView) -> str:
-    """What each stakeholder of ``slot`` is known to want, from the public fact log (the same
-    inference as the expert's): its preferred option, ``vague<n>`` after n vague answers only, or ``?``."""
-    from ..policies.scripted import Beliefs
+def wants(b: Beliefs, slot: SlotView) -> str:
+    """What each stakeholder of ``slot`` is known to want, from beliefs built on the public fact
+    log (the expert's inference): its preferred option, ``vague<n>`` after n vague answers only, or ``?``."""
+    def one(h: str) -> str:
+        n = b.vague[(h, slot.id)]
+        return b.prefers.get(h, {}).get(slot.id) or (f"vague{n}" if n else "?")
 
-    b = Beliefs().update(obs)
-    return " ".join(f"{h}=" + (b.prefers.get(h, {}).get(slot.id) or (f"vague{b.vague[(h, slot.id)]}" if b.vague[(h, slot.id)] else "?"))
-                    for h in slot.stakeholders)
+    return " ".join(f"{h}={one(h)}" for h in slot.stakeholders)
 
 
 def compact(obs: Observation, with_wants: bool = False) -> str:
     """The state at this step, short enough for small models (ids, not labels). ``with_wants``
     (policy-v4): each open decision says what its stakeholders want, and "Known:" keeps only
     vetoes and dislikes."""
+    from ..policies.scripted import Beliefs
+
+    beliefs = Beliefs().update(obs) if with_wants else None
     lines = [f"Turn {obs.step + 1}/{obs.turn_budget}."]
     if obs.budget is not None:
         lines.append(f"Budget left: {obs.budget_left:g}")
@@ -46,8 +53,8 @@ def compact(obs: Observation, with_wants: bool = False) -> str:
             continue
         gone = [o.id for o in s.options if not o.available]
         line = f"{s.id}: open" + (f", gone {'|'.join(gone)}" if gone else "")
-        if with_wants:
-            line += f"; wants: {wants(obs, s)}"
+        if beliefs is not None:
+            line += f"; wants: {wants(beliefs, s)}"
         if s.proposal:
             line += f"; proposed {s.proposal}, yes: {' '.join(s.accepted_by) or '-'}, no: {' '.join(s.rejected_by) or '-'}"
         lines.append(line)
