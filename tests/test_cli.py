@@ -40,3 +40,14 @@ def test_bad_input_is_a_clear_error():
     assert r.exit_code == 2 and "unknown policy" in r.output
     r = runner.invoke(app, ["play", "no_such_scenario"])
     assert r.exit_code == 2 and "unknown scenario" in r.output
+
+
+def test_loop_options_reach_the_config(monkeypatch):
+    seen = []
+    monkeypatch.setattr("socialworld.loop.run_loop", lambda cfg, **_: seen.append(cfg) or [])
+    r = runner.invoke(app, ["loop", "--method", "sft", "--steps", "7", "--lora-r", "8",
+                            "--target-modules", "q_proj,up_proj", "--label-gate", "disagree", "--out", "x"])
+    assert r.exit_code == 0, r.output
+    (cfg,) = seen
+    assert (cfg.train.method, cfg.train.steps, cfg.train.lora_r, cfg.train.lora_alpha) == ("sft", 7, 8, 16)
+    assert cfg.train.target_modules == ("q_proj", "up_proj") and cfg.sleep.label_gate == "disagree"

@@ -161,6 +161,9 @@ def loop_cmd(
     quality_threshold: float = typer.Option(0.5, help="least share of paired rollouts in which chosen beats rejected"),
     learning_rate: float = typer.Option(1e-4, help="AdamW learning rate of the LoRA weights"),
     sft_weight: float = typer.Option(1.0, help=help_for(_TrainConfig(), "sft_weight")),
+    lora_r: int = typer.Option(16, help=help_for(_TrainConfig(), "lora_r") + " (alpha is twice it)"),
+    target_modules: str = typer.Option("q_proj,k_proj,v_proj,o_proj",
+                                       help=help_for(_TrainConfig(), "target_modules") + " (comma-separated)"),
     baseline: bool = typer.Option(True, help=help_for(_LoopConfig(), "baseline")),
     lm_batch_size: int = typer.Option(12, help=help_for(_LoopConfig(), "lm_batch_size")),
     reuse_from: str = typer.Option("", help=help_for(_LoopConfig(), "reuse_from")),
@@ -186,7 +189,9 @@ def loop_cmd(
                      unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged,  # type: ignore[arg-type]
                      sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold, reference_pairs=reference_pairs,  # type: ignore[arg-type]
                                    replay=replay, wake_chosen=wake_chosen, label_gate=label_gate),
-                     train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight))  # type: ignore[arg-type]
+                     train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight,  # type: ignore[arg-type]
+                                       lora_r=lora_r, lora_alpha=2 * lora_r,
+                                       target_modules=tuple(m for m in target_modules.split(",") if m)))
     summaries = _with_bars(lambda progress: run_loop(cfg, log=console.print, progress=progress))
     t = Table(title=f"loop: {out}")
     for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "D", "CR",
@@ -237,6 +242,37 @@ def gate_cmd(
         excl = ", ".join(f"{k} {v}" for k, v in sorted(r["report"]["excluded"].items()))
         t.add_row(name, str(r["report"]["kept"].get("action", 0)), str(r["report"]["kept"].get("dialogue", 0)), excl,
                   "yes" if r["same_as_run"] else "no")
+    console.print(t)
+
+
+@app.command("fit")
+def fit_cmd(
+    pairs: str = typer.Argument(..., help="an action pairs Parquet file, e.g. RUN/cycle-1/sleep/pairs-action.parquet"),
+    model: str = typer.Option("bundled", help="policy: expert, random, bundled, or a local model path"),
+    adapter: str = typer.Option("", help="a LoRA adapter folder deployed on the action track, e.g. RUN/cycle-1/train/action/adapter"),
+    batch: int = typer.Option(16, help="states per forward pass"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Training fit: restore each pair's state and count how often the policy takes the chosen
+    action (exactly, and of the same kind), with the chosen-by-taken confusion table."""
+    from .fit import fit_file
+
+    try:
+        f = fit_file(pairs, model, adapter or None, batch)
+    except (ValueError, OSError) as err:
+        _fail(str(err))
+        return
+    if as_json:
+        print(json.dumps(f.as_dict()))
+        return
+    taken = sorted({v for row in f.confusion.values() for v in row})
+    t = Table(title=f"{model}{' + ' + adapter if adapter else ''} on {pairs}: exact {f.exact}/{f.pairs} "
+                    f"({f.exact_rate:.2f}), same kind {f.same_verb}/{f.pairs} ({f.verb_rate:.2f}), unparsed {f.unparsed}")
+    t.add_column("chosen / taken")
+    for v in taken:
+        t.add_column(v, justify="right")
+    for v, row in f.confusion.items():
+        t.add_row(v, *(str(row.get(x, 0)) for x in taken))
     console.print(t)
 
 

@@ -1,0 +1,112 @@
+"""Does a policy take the chosen action of the action-track pairs, at the pairs' own states?
+
+A pair's ``snapshot`` is the world just before its step, so the state can be rebuilt exactly:
+restore it, observe, let the policy act once (a fresh episode key: no memory of earlier steps),
+and compare the action it takes with the chosen completion's action. On the pairs a policy was
+trained on this is its *training fit*; a trained policy that still answers with one action at
+every state has learned the marginal, not the state (see docs/design.md, "training fit").
+
+Pure over its inputs: the numbers depend only on the pairs and the policy's decisions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .core import Policy
+from .lm.prompts import parse_output
+from .sleep import Pair
+from .spec import ScenarioSpec
+from .visibility import observe
+from .world import World
+
+
+def verb(action_key: str) -> str:
+    """``propose(next_activity, hiking, all)`` -> ``propose``."""
+    return action_key.split("(", 1)[0].strip()
+
+
+@dataclass(frozen=True)
+class ActionFit:
+    pairs: int
+    """action pairs with a snapshot, all of them scored"""
+    exact: int
+    """the policy took exactly the chosen action"""
+    same_verb: int
+    """the policy took an action of the chosen action's kind (``inquire``, ``propose``, ...)"""
+    unparsed: int
+    """the policy's reply had no parseable legal action (counted, never repaired)"""
+    confusion: dict[str, dict[str, int]] = field(default_factory=dict)
+    """chosen verb -> taken verb (``unparsed`` when there was none) -> count"""
+
+    @property
+    def exact_rate(self) -> float:
+        """exact / pairs"""
+        return self.exact / self.pairs if self.pairs else float("nan")
+
+    @property
+    def verb_rate(self) -> float:
+        """same_verb / pairs"""
+        return self.same_verb / self.pairs if self.pairs else float("nan")
+
+    def as_dict(self) -> dict:
+        return {"pairs": self.pairs, "exact": self.exact, "same_verb": self.same_verb, "unparsed": self.unparsed,
+                "exact_rate": self.exact_rate, "verb_rate": self.verb_rate, "confusion": self.confusion}
+
+
+def action_fit(policy: Policy, pairs: Sequence[Pair], specs: Mapping[str, ScenarioSpec], batch: int = 16) -> ActionFit:
+    """Score ``policy`` on the action-track ``pairs``:
+    exact = #{pairs : a_policy(s) = a_chosen}, same_verb = #{pairs : verb(a_policy(s)) = verb(a_chosen)},
+    with s the pair's restored state. Pairs of the dialogue track or without a snapshot are refused."""
+    bad = [p.id for p in pairs if p.track != "action" or p.snapshot is None]
+    if bad:
+        raise ValueError(f"action_fit needs action-track pairs with snapshots; {len(bad)} are not (first: {bad[0]})")
+    observations, chosen = [], []
+    for p in pairs:
+        if p.scenario_id not in specs:
+            raise ValueError(f"pair {p.id}: scenario {p.scenario_id!r} is not among the given specs")
+        world = World.restore(p.snapshot, specs[p.scenario_id])  # type: ignore[arg-type]
+        obs = observe(world.spec, world.pub)
+        action, _, error = parse_output(p.chosen[-1]["content"], obs)
+        if action is None:
+            raise ValueError(f"pair {p.id}: its chosen completion does not parse at its own state ({error})")
+        observations.append(obs)
+        chosen.append(action.key)
+    keys = [f"fit/{p.id}/{i}" for i, p in enumerate(pairs)]
+    taken: list[str | None] = []
+    for start in range(0, len(pairs), batch):
+        ks = keys[start : start + batch]
+        policy.reset(ks)
+        taken += [d.action.key if d.action is not None else None for d in policy.act(ks, observations[start : start + batch])]
+    confusion: dict[str, Counter] = {}
+    for want, got in zip(chosen, taken):
+        confusion.setdefault(verb(want), Counter())[verb(got) if got is not None else "unparsed"] += 1
+    return ActionFit(
+        pairs=len(pairs), exact=sum(w == g for w, g in zip(chosen, taken)),
+        same_verb=sum(g is not None and verb(w) == verb(g) for w, g in zip(chosen, taken)),
+        unparsed=sum(g is None for g in taken),
+        confusion={k: dict(v.most_common()) for k, v in sorted(confusion.items())},
+    )
+
+
+def fit_file(pairs: str | Path, policy: str = "bundled", adapter: str | Path | None = None, batch: int = 16) -> ActionFit:
+    """:func:`action_fit` of a policy spec (``expert``, ``bundled``, a model path; with
+    ``adapter``, that LoRA adapter deployed on the action track) on an action pairs Parquet file
+    (e.g. a loop run's ``cycle-c/sleep/pairs-action.parquet``) over the shipped scenarios."""
+    from .policies import SCRIPTED, make_policy
+    from .sleep import read_pairs
+    from .spec import load_builtin_scenarios
+
+    if not Path(pairs).is_file():
+        raise ValueError(f"{pairs}: no such pairs file")
+    if policy in SCRIPTED:
+        if adapter is not None:
+            raise ValueError(f"{policy} is a scripted policy: it takes no adapter")
+        options: dict = {}
+    else:
+        options = {"batch_size": batch, "adapters": {"action": str(adapter)} if adapter else None}
+    specs = {s.id: s for s in load_builtin_scenarios().values()}
+    return action_fit(make_policy(policy, **options), read_pairs(pairs), specs, batch=batch)
