@@ -38,7 +38,7 @@ class ActionFit:
     same_verb: int
     """the policy took an action of the chosen action's kind (``inquire``, ``propose``, ...)"""
     unparsed: int
-    """the policy's reply had no parseable legal action (counted, never repaired)"""
+    """the policy's reply had no parseable action (counted, never repaired)"""
     confusion: dict[str, dict[str, int]] = field(default_factory=dict)
     """chosen verb -> taken verb (``unparsed`` when there was none) -> count"""
 
