@@ -16,17 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .core import Policy
+from .core import Action, Policy
 from .lm.prompts import parse_output
 from .sleep import Pair
 from .spec import ScenarioSpec
 from .visibility import observe
 from .world import World
-
-
-def verb(action_key: str) -> str:
-    """``propose(next_activity, hiking, all)`` -> ``propose``."""
-    return action_key.split("(", 1)[0].strip()
 
 
 @dataclass(frozen=True)
@@ -59,7 +54,7 @@ class ActionFit:
 
 def action_fit(policy: Policy, pairs: Sequence[Pair], specs: Mapping[str, ScenarioSpec], batch: int = 16) -> ActionFit:
     """Score ``policy`` on the action-track ``pairs``:
-    exact = #{pairs : a_policy(s) = a_chosen}, same_verb = #{pairs : verb(a_policy(s)) = verb(a_chosen)},
+    exact = #{pairs : a_policy(s) = a_chosen}, same_verb = #{pairs : kind(a_policy(s)) = kind(a_chosen)},
     with s the pair's restored state. Pairs of the dialogue track or without a snapshot are refused."""
     bad = [p.id for p in pairs if p.track != "action" or p.snapshot is None]
     if bad:
@@ -74,19 +69,19 @@ def action_fit(policy: Policy, pairs: Sequence[Pair], specs: Mapping[str, Scenar
         if action is None:
             raise ValueError(f"pair {p.id}: its chosen completion does not parse at its own state ({error})")
         observations.append(obs)
-        chosen.append(action.key)
+        chosen.append(action)
     keys = [f"fit/{p.id}/{i}" for i, p in enumerate(pairs)]
-    taken: list[str | None] = []
+    taken: list[Action | None] = []
     for start in range(0, len(pairs), batch):
         ks = keys[start : start + batch]
         policy.reset(ks)
-        taken += [d.action.key if d.action is not None else None for d in policy.act(ks, observations[start : start + batch])]
+        taken += [d.action for d in policy.act(ks, observations[start : start + batch])]
     confusion: dict[str, Counter] = {}
     for want, got in zip(chosen, taken):
-        confusion.setdefault(verb(want), Counter())[verb(got) if got is not None else "unparsed"] += 1
+        confusion.setdefault(want.kind, Counter())[got.kind if got is not None else "unparsed"] += 1
     return ActionFit(
-        pairs=len(pairs), exact=sum(w == g for w, g in zip(chosen, taken)),
-        same_verb=sum(g is not None and verb(w) == verb(g) for w, g in zip(chosen, taken)),
+        pairs=len(pairs), exact=sum(g is not None and w.key == g.key for w, g in zip(chosen, taken)),
+        same_verb=sum(g is not None and w.kind == g.kind for w, g in zip(chosen, taken)),
         unparsed=sum(g is None for g in taken),
         confusion={k: dict(v.most_common()) for k, v in sorted(confusion.items())},
     )
@@ -102,11 +97,8 @@ def fit_file(pairs: str | Path, policy: str = "bundled", adapter: str | Path | N
 
     if not Path(pairs).is_file():
         raise ValueError(f"{pairs}: no such pairs file")
-    if policy in SCRIPTED:
-        if adapter is not None:
-            raise ValueError(f"{policy} is a scripted policy: it takes no adapter")
-        options: dict = {}
-    else:
-        options = {"batch_size": batch, "adapters": {"action": str(adapter)} if adapter else None}
+    if policy in SCRIPTED and adapter is not None:
+        raise ValueError(f"{policy} is a scripted policy: it takes no adapter")
+    built = make_policy(policy, batch_size=batch, adapters={"action": str(adapter)} if adapter else None)
     specs = {s.id: s for s in load_builtin_scenarios().values()}
-    return action_fit(make_policy(policy, **options), read_pairs(pairs), specs, batch=batch)
+    return action_fit(built, read_pairs(pairs), specs, batch=batch)
