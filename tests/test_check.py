@@ -17,8 +17,9 @@ def test_shipped_scenarios_pass_check(specs, sid):
 def test_tiny_scenario_passes_and_unsolvable_one_fails():
     r = check_scenario(tiny_spec_data(guards=["no_secret_leaked"]), seeds=5)
     assert r.ok, r.problems
-    # with more guards than decisions, doing nothing would pass: flagged
-    assert any("doing nothing passes" in p for p in check_scenario(tiny_spec_data(), seeds=5).problems)
+    # metrics-v2: guards earn nothing, so doing nothing never passes, however many guards hold
+    many_guards = tiny_spec_data(guards=["no_secret_leaked", "good_relations", "commitments_honoured"])
+    assert not any("doing nothing passes" in p for p in check_scenario(many_guards, seeds=5).problems)
     data = tiny_spec_data(guards=["no_secret_leaked"])
     for npc in data["npcs"]:  # nobody can ever agree: every option below any reachable score
         npc["threshold"] = [0.99, 0.99]

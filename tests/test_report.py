@@ -30,7 +30,7 @@ def bench(tmp_path_factory):
     per_cycle = {arm: {c: [e for e in es if e.tier in t] for c, t in TIERS.items()} for arm, es in eps.items()}
     cfg = BenchConfig(out=str(tmp_path_factory.mktemp("bench")), preset="smoke", resamples=2000)
     loop = [{"cycle": c, "tiers": t, "pairs": {"action": 3}, "excluded": {"action:below_margin": 2},
-             "final_loss": {"action": 0.6}, "eval": {"pass_rate": 0.5, "D": 0.5}} for c, t in TIERS.items()]
+             "final_loss": {"action": 0.6}, "eval": {"pass_rate": 0.5, "solve_rate": 0.25, "D": 0.5}} for c, t in TIERS.items()]
     doc = bench_document(cfg, TIERS, per_cycle, loop)
     run = RunDir(cfg.out)
     run.produce("bench.json", "bench", lambda p: atomic_write_text(p, json.dumps(doc)))

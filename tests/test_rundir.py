@@ -63,3 +63,18 @@ def test_a_crash_mid_write_leaves_nothing(tmp_path):
         run.produce("x.txt", "test", crash)
     assert not (tmp_path / "x.txt").exists() and not run.complete("x.txt")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
+    """A run folder scored under metrics-v1 (its config has no metrics_contract) is never resumed
+    by a version that scores under metrics-v2: its numbers would be mixed with ours."""
+    from socialworld.loop import LoopConfig, config_doc
+
+    doc = config_doc(LoopConfig(out=str(tmp_path)))
+    assert doc["metrics_contract"] == "metrics-v2"
+    legacy = {k: v for k, v in doc.items() if k != "metrics_contract"}
+    RunDir(tmp_path).write_config(legacy)
+    with pytest.raises(ValueError, match="scored under metrics-v1.*metrics-v2"):
+        RunDir(tmp_path).write_config(doc)
+    RunDir(tmp_path / "new").write_config(doc)
+    RunDir(tmp_path / "new").write_config(doc)  # same contract: resumes

@@ -19,25 +19,27 @@ Run folder: ``<out>/loop/`` (the B arm's resumable loop, with A as its cycle 0),
 from __future__ import annotations
 
 import json
+from statistics import fmean
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
 from .diagnostics import coverage, failure_counts
 from .evaluate import episode_seeds
+from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
 from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
-from .loop import LoopConfig, Progress, run_loop
+from .loop import LoopConfig, Progress, config_doc, run_loop
 from .policies import SCRIPTED, make_policy
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
 from .rundir import RunDir
 from .runner import EpisodeJob, run_episodes
 from .sleep import SleepConfig
 from .spec import resolve_scenarios
-from .stats import PASS, metric_interval, paired_difference
+from .stats import PASS, SOLVE, metric_interval, paired_difference
 from .train import TrainConfig
 
 BENCH_VERSION = "ascent-bench-v1"
-MAIN_METRICS = ("U", "A_e", "S_npc", "D", "CR", PASS)
+MAIN_METRICS = ("U", "A_e", "S_npc", "D", "CR", PASS, SOLVE)
 REFERENCES = ("oracle", "random")
 
 
@@ -123,7 +125,7 @@ def _subset(eps: Sequence[EpisodeRecord], tiers: Sequence[str]) -> list[EpisodeR
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> BenchResult:
     run = RunDir(cfg.out)
-    run.write_config(json.loads(json.dumps(asdict(cfg))))
+    run.write_config(config_doc(cfg))
     summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
     loop_dir = Path(cfg.out) / "loop"
     jobs = eval_jobs(cfg)
@@ -167,9 +169,11 @@ def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_
     r = {arm: r_table(cyc, **kw) for arm, cyc in per_cycle.items()}
     return {
         "version": BENCH_VERSION,
+        "metrics_contract": METRICS_CONTRACT,
         "config": json.loads(json.dumps(asdict(cfg))),
         "preset": asdict(PRESETS[cfg.preset]),
-        "thresholds": {"CR": 0.6, "D": 0.5},
+        "thresholds": {"CR": CR_THRESHOLD, "D": D_THRESHOLD, "guards": "any broken guard fails"},
+        "steps_per_episode": {arm: fmean(len(e.steps) for e in cyc[last]) for arm, cyc in per_cycle.items()},
         "tiers_per_cycle": {str(c): t for c, t in tiers_per_cycle.items()},
         "episodes_per_arm": {arm: sum(len(v) for v in cyc.values()) for arm, cyc in per_cycle.items()},
         "main": main,
@@ -234,7 +238,7 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
         raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
     kw = {"seed": cfg.seed, "resamples": cfg.resamples}
     run = RunDir(Path(cfg.out) / suite)
-    run.write_config(json.loads(json.dumps(asdict(cfg))))
+    run.write_config(config_doc(cfg))
     rows: dict[str, dict] = {}
     first = ""
     for name in SUITES[suite]:
@@ -260,7 +264,7 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
             "forgetting": forgetting(r),
             "pairs": [s["pairs"] for s in summaries], "excluded": [s["excluded"] for s in summaries],
         }
-    doc = {"version": BENCH_VERSION, "suite": suite, "config": json.loads(json.dumps(asdict(cfg))),
+    doc = {"version": BENCH_VERSION, "metrics_contract": METRICS_CONTRACT, "suite": suite, "config": json.loads(json.dumps(asdict(cfg))),
            "preset": asdict(PRESETS[cfg.preset]), "variants": rows}
     from .report import suite_markdown
 

@@ -110,12 +110,13 @@ def eval_cmd(
     if as_json:
         print(json.dumps(summary))
         return
-    cols = ("U", "A_e", "S_npc", "D", "CR", "pass_rate", "parse_failure_rate")
+    cols = ("U", "A_e", "S_npc", "D", "CR", "pass_rate", "solve_rate", "steps_per_episode", "parse_failure_rate")
+    heads = {"pass_rate": "PassRate", "solve_rate": "SolveRate", "steps_per_episode": "steps", "parse_failure_rate": "parse fail"}
     for title, rows in (("by tier", summary["by_tier"]), ("by scenario", summary["by_scenario"])):
-        t = Table(title=f"{policy}: {title} ({summary['episodes']} episodes)")
+        t = Table(title=f"{policy}: {title} ({summary['episodes']} episodes, {summary['metrics_contract']})")
         t.add_column("tier" if title == "by tier" else "scenario")
         for c in ("n", *cols):
-            t.add_column("parse fail" if c == "parse_failure_rate" else c, justify="right")
+            t.add_column(heads.get(c, c), justify="right")
         for key, m in rows.items():
             t.add_row(key, str(m["n"]), *(f"{m[c]:.2f}" for c in cols))
         console.print(t)
@@ -194,7 +195,7 @@ def loop_cmd(
                                        target_modules=tuple(m for m in target_modules.split(",") if m)))
     summaries = _with_bars(lambda progress: run_loop(cfg, log=console.print, progress=progress))
     t = Table(title=f"loop: {out}")
-    for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "D", "CR",
+    for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "solve", "D", "CR",
               "pass - untrained", "D - untrained"):
         t.add_column(c, justify="right")
     for s in summaries:
@@ -204,7 +205,7 @@ def loop_cmd(
                  for k in ("action", "dialogue")}
         t.add_row(str(s["cycle"]), pairs["action"], pairs["dialogue"],
                   str(sum(s["excluded"].values())), loss.get("action", "-"), loss.get("dialogue", "-"),
-                  f"{s['eval']['pass_rate']:.2f}", f"{s['eval']['D']:.2f}", f"{s['eval']['CR']:.2f}",
+                  f"{s['eval']['pass_rate']:.2f}", f"{s['eval']['solve_rate']:.2f}", f"{s['eval']['D']:.2f}", f"{s['eval']['CR']:.2f}",
                   vs.get("pass", "-"), vs.get("D", "-"))
     console.print(t)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .metrics import aggregate, group_by
+from .metrics import METRICS_CONTRACT, aggregate, group_by
 from .policies import SCRIPTED, make_policy
 from .records import EpisodeRecord, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
 from .rng import derive_seed
@@ -64,7 +64,8 @@ class EvalResult:
         by_scenario = {}
         for sid, eps in group_by(self.episodes, "scenario_id").items():
             by_scenario[sid] = {**aggregate(eps).as_dict(), "tier": eps[0].tier}
-        return {"policy": self.policy, "episodes": len(self.episodes), "by_tier": by_tier, "by_scenario": by_scenario}
+        return {"policy": self.policy, "metrics_contract": METRICS_CONTRACT, "episodes": len(self.episodes),
+                "by_tier": by_tier, "by_scenario": by_scenario}
 
 
 def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None = None) -> EvalResult:

@@ -35,11 +35,11 @@ from typing import Callable, Literal, Sequence
 
 from .evaluate import episode_seeds
 from .lifelong import next_unlocked, progressive_schedule
-from .metrics import aggregate, group_by
+from .metrics import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
 from .policies import make_policy
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
 from .rng import derive_seed
-from .rundir import RunDir, with_defaults
+from .rundir import CONTRACT_KEY, LEGACY_CONTRACT, RunDir, with_defaults
 from .runner import EpisodeJob, run_episodes
 from .sleep import GatingReport, SleepConfig, add_replay, candidate_pairs, read_pairs, screen_and_gate, write_pairs
 from .spec import resolve_scenarios
@@ -48,7 +48,7 @@ from .templates import POLICY_PROMPT_VERSION
 from .train import TrainConfig, grpo_rows, train_adapter
 
 TRACKS = ("action", "dialogue")
-COMPARED = ("pass", "D", "CR", "U", "A_e", "S_npc")
+COMPARED = ("pass", "solve", "D", "CR", "U", "A_e", "S_npc")
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,11 @@ before it: a stored config without one resumes as if it had that value. (Not eve
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""
 
 
+def config_doc(cfg) -> dict:
+    """A run's ``config.yaml``: the config's fields plus the metrics contract it is scored under."""
+    return {**json.loads(json.dumps(asdict(cfg))), CONTRACT_KEY: METRICS_CONTRACT}
+
+
 def _reuse(run: RunDir, cfg: LoopConfig) -> None:
     """Copy the untrained policy's artifacts from ``cfg.reuse_from``: the cycle-0 evaluation when
     model, scenarios, eval episodes and seed match; cycle 1's wake when, besides, the training
@@ -113,6 +118,9 @@ def _reuse(run: RunDir, cfg: LoopConfig) -> None:
     defaults = json.loads(json.dumps(asdict(LoopConfig())))  # a field added later has its default there
     theirs = with_defaults(yaml.safe_load(src.path("config.yaml").read_text()), defaults)
     mine = json.loads(json.dumps(asdict(cfg)))
+    if theirs.get(CONTRACT_KEY, LEGACY_CONTRACT) != METRICS_CONTRACT:
+        raise ContractMismatch(f"--reuse-from {cfg.reuse_from}: scored under {theirs.get(CONTRACT_KEY, LEGACY_CONTRACT)}, "
+                               f"this version scores under {METRICS_CONTRACT}; its artifacts cannot be mixed with this run's")
     diff = [k for k in EVAL_KEYS if theirs.get(k) != mine[k]]
     if diff:
         raise ValueError(f"--reuse-from {cfg.reuse_from}: differs in {diff}, so its artifacts are not the same data")
@@ -126,6 +134,7 @@ def _reuse(run: RunDir, cfg: LoopConfig) -> None:
         with open(src.path(rel)) as f:  # a language model's records name the prompt they were made under
             line = f.readline()
         first = EpisodeRecord.model_validate_json(line) if line.strip() else None
+        require_contract([first] if first is not None else [], f"--reuse-from {cfg.reuse_from}: {rel}")
         prompt = first.steps[0].policy.decoding.get("prompt") if first is not None and first.steps else None
         if prompt not in (None, POLICY_PROMPT_VERSION):
             raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} was made under prompt {prompt}, this code "
@@ -186,7 +195,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
             log(f"cycle {c + 1}: wake {len(held)} episodes (in cycle {c}'s evaluation rollout)")
 
     run = RunDir(cfg.out)
-    run.write_config(json.loads(json.dumps(asdict(cfg))), may_grow=("cycles",), defaults=ADDED_FIELDS)
+    run.write_config(config_doc(cfg), may_grow=("cycles",), defaults=ADDED_FIELDS)
     specs = {s.id: s for s in resolve_scenarios(list(cfg.scenarios) or None, list(cfg.tiers), cfg.max_turns)}
     if cfg.reuse_from:
         _reuse(run, cfg)
@@ -195,7 +204,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
     if cfg.baseline:  # every tier that may unlock: the untrained policy is the same in every cycle
         evaluate(0, cfg.tiers, None, "cycle 0 eval (untrained)")
         m0 = aggregate(read_jsonl(run.path("cycle-0/eval/episodes.jsonl"))).as_dict()
-        log(f"cycle 0 (untrained): eval pass {m0['pass_rate']:.2f} D {m0['D']:.2f} CR {m0['CR']:.2f}")
+        log(f"cycle 0 (untrained): eval pass {m0['pass_rate']:.2f} solve {m0['solve_rate']:.2f} D {m0['D']:.2f} CR {m0['CR']:.2f}")
     tiers: tuple[str, ...] = ()
     evaluated: list[EpisodeRecord] = []
     for c in range(1, cfg.cycles + 1):
@@ -243,7 +252,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         run.produce(f"{d}/summary.json", "summary",
                     lambda p: atomic_write_text(p, json.dumps(summary, indent=1, sort_keys=True) + "\n"),
                     inputs=[f"{d}/eval/episodes.jsonl"])
-        log(f"cycle {c}: eval pass {m['pass_rate']:.2f} D {m['D']:.2f} CR {m['CR']:.2f}")
+        log(f"cycle {c}: eval pass {m['pass_rate']:.2f} solve {m['solve_rate']:.2f} D {m['D']:.2f} CR {m['CR']:.2f}")
         for k, iv in summary.get("vs_baseline", {}).items():
             log(f"cycle {c}: {k} - untrained = {iv['mean']:+.3f}, 95% paired bootstrap [{iv['lo']:+.3f}, {iv['hi']:+.3f}]")
         summaries.append(summary)

@@ -1,8 +1,15 @@
-"""Core metrics (DESIGN §5.1) as pure functions over records.
+"""Core metrics (DESIGN §5.1, metrics contract v2) as pure functions over records.
 
 Each function takes records only and documents its formula. Provenance travels with the
 value (:class:`~socialworld.records.Signal`); nothing falls back silently — a degraded value
 says so in its ``source``.
+
+Contract v2: a scenario's sub-goals are *achievements* (``slot:<id>`` — a decision finalized,
+``conflict:<a>-<b>`` — a quarrel repaired in the right order), which CR counts, and *guards*
+(``no_secret_leaked``, ``commitments_honoured``, ``within_budget``, ``good_relations``), which
+hold at the start and earn nothing by holding; breaking one fails the episode. Every
+:class:`~socialworld.records.Metrics` names its contract; :func:`aggregate` and
+:func:`require_contract` refuse to mix versions.
 """
 
 from __future__ import annotations
@@ -16,6 +23,27 @@ from .records import EpisodeRecord, Metrics, Signal
 
 CR_THRESHOLD = 0.6
 D_THRESHOLD = 0.5
+METRICS_CONTRACT = "metrics-v2"
+ACHIEVEMENT_PREFIXES = ("slot:", "conflict:")
+
+
+class ContractMismatch(ValueError):
+    """Numbers made under different metrics contracts were about to be compared or aggregated."""
+
+
+def is_achievement(subgoal: str) -> bool:
+    """Achievement sub-goals (``slot:*``, ``conflict:*``) count in CR; every other sub-goal is a guard."""
+    return subgoal.startswith(ACHIEVEMENT_PREFIXES)
+
+
+def broken_guards(subgoals: dict[str, bool]) -> list[str]:
+    """Guards not holding at the end (sorted)."""
+    return sorted(k for k, ok in subgoals.items() if not is_achievement(k) and not ok)
+
+
+def solved(subgoals: dict[str, bool]) -> bool:
+    """Solved iff every decision (``slot:*``) is finalized and no guard is broken."""
+    return all(ok for k, ok in subgoals.items() if k.startswith("slot:")) and not broken_guards(subgoals)
 
 
 def align(stated: MentalState | None, truth: MentalState) -> float:
@@ -36,9 +64,12 @@ def align(stated: MentalState | None, truth: MentalState) -> float:
 
 
 def completion_rate(ep: EpisodeRecord) -> Signal:
-    """CR = completed sub-goals / all sub-goals, from the goal states at the end."""
-    goals = ep.final.subgoals
-    return Signal(value=sum(goals.values()) / len(goals), source="direct", confidence=1.0, detail="final sub-goal states")
+    """CR = completed achievement sub-goals / achievement sub-goals (decisions finalized,
+    conflicts repaired in order), from the sub-goal states at the end. Guards are not counted."""
+    goals = [ok for k, ok in ep.final.subgoals.items() if is_achievement(k)]
+    if not goals:
+        raise ValueError(f"episode {ep.episode_id} has no achievement sub-goals (a scenario has at least one decision)")
+    return Signal(value=sum(goals) / len(goals), source="direct", confidence=1.0, detail="final achievement sub-goal states")
 
 
 def understanding(ep: EpisodeRecord, cr: Signal | None = None) -> Signal:
@@ -82,14 +113,29 @@ def diagnostic_score(u: Signal, a_e: Signal, s_npc: Signal) -> Signal:
 
 
 def episode_metrics(ep: EpisodeRecord, cr_threshold: float = CR_THRESHOLD, d_threshold: float = D_THRESHOLD) -> Metrics:
-    """All core metrics of an episode; Pass iff CR >= cr_threshold and D >= d_threshold."""
+    """All core metrics of an episode (contract v2). Pass iff CR >= cr_threshold and
+    D >= d_threshold and no guard is broken; Solved iff every decision is finalized and no guard
+    is broken."""
     cr = completion_rate(ep)
     u = understanding(ep, cr)
     a_e = application_efficiency(ep, cr)
     s = npc_satisfaction(ep, cr)
     d = diagnostic_score(u, a_e, s)
-    passed = (cr.value or 0) >= cr_threshold and (d.value or 0) >= d_threshold
-    return Metrics(U=u, A_e=a_e, S_npc=s, D=d, CR=cr, passed=passed, cr_threshold=cr_threshold, d_threshold=d_threshold)
+    broken = broken_guards(ep.final.subgoals)
+    passed = (cr.value or 0) >= cr_threshold and (d.value or 0) >= d_threshold and not broken
+    return Metrics(contract=METRICS_CONTRACT, U=u, A_e=a_e, S_npc=s, D=d, CR=cr, passed=passed,
+                   solved=solved(ep.final.subgoals), guards_broken=broken, cr_threshold=cr_threshold, d_threshold=d_threshold)
+
+
+def require_contract(episodes: Iterable[EpisodeRecord], source: str = "these records") -> None:
+    """Raise :class:`ContractMismatch` unless every scored episode was scored under
+    :data:`METRICS_CONTRACT` (records of another version are never compared or aggregated with ours)."""
+    found = {e.metrics.contract for e in episodes if e.metrics is not None}
+    other = sorted(found - {METRICS_CONTRACT})
+    if other:
+        raise ContractMismatch(
+            f"{source} were scored under {', '.join(other)}, this version scores under {METRICS_CONTRACT}; "
+            "numbers of different metrics contracts are never compared: re-run them into a new folder")
 
 
 METRIC_KEYS = ("U", "A_e", "S_npc", "D", "CR")
@@ -104,25 +150,35 @@ class Aggregate:
     D: float
     CR: float
     pass_rate: float
+    solve_rate: float
     steps: int
     parse_failure_rate: float
+    contract: str = METRICS_CONTRACT
 
-    def as_dict(self) -> dict[str, float | int]:
+    @property
+    def steps_per_episode(self) -> float:
+        return self.steps / self.n
+
+    def as_dict(self) -> dict[str, float | int | str]:
         return {"U": self.U, "A_e": self.A_e, "S_npc": self.S_npc, "D": self.D, "CR": self.CR, "pass_rate": self.pass_rate,
-                "n": self.n, "steps": self.steps, "parse_failure_rate": self.parse_failure_rate}
+                "solve_rate": self.solve_rate, "n": self.n, "steps": self.steps, "steps_per_episode": self.steps_per_episode,
+                "parse_failure_rate": self.parse_failure_rate, "metrics_contract": self.contract}
 
 
 def aggregate(episodes: Sequence[EpisodeRecord]) -> Aggregate:
-    """Means of each metric; PassRate = share of passed episodes; parse-failure rate = share of
-    steps whose output was unparseable or illegal (both executed as ``wait`` with the penalty)."""
+    """Means of each metric; PassRate = share of passed episodes; SolveRate = share of solved
+    episodes (every decision finalized, no guard broken); parse-failure rate = share of steps
+    whose output was unparseable or illegal (both executed as ``wait`` with the penalty).
+    Episodes scored under another metrics contract are refused (:func:`require_contract`)."""
     if not episodes:
         raise ValueError("cannot aggregate zero episodes")
+    require_contract(episodes)
     ms = [e.metrics or episode_metrics(e) for e in episodes]
     mean = lambda k: fmean(getattr(m, k).value or 0.0 for m in ms)  # noqa: E731
     steps = [s for e in episodes for s in e.steps]
     failed = sum(s.action.parse_status != "ok" for s in steps)
     return Aggregate(len(ms), mean("U"), mean("A_e"), mean("S_npc"), mean("D"), mean("CR"), fmean(float(m.passed) for m in ms),
-                     len(steps), failed / len(steps) if steps else 0.0)
+                     fmean(float(m.solved) for m in ms), len(steps), failed / len(steps) if steps else 0.0)
 
 
 def group_by(episodes: Iterable[EpisodeRecord], key: str) -> dict[str, list[EpisodeRecord]]:

@@ -45,7 +45,7 @@ def play_episode(spec: ScenarioSpec, policy: str, seed: int, console: Console) -
     console.print(f"sub-goals: {ep.final.subgoals}; ended by {ep.final.end_reason}")
     console.print(
         f"U={m.U.value:.2f} ({m.U.source}) A_e={m.A_e.value:.2f} S_npc={m.S_npc.value:.2f} D={m.D.value:.2f} "
-        f"CR={m.CR.value:.2f} pass={m.passed}"
+        f"CR={m.CR.value:.2f} pass={m.passed} solved={m.solved} guards broken={m.guards_broken or 'none'} ({m.contract})"
     )
     if ep.diagnostics and ep.diagnostics.attribution:
         console.print(f"failure attribution: {ep.diagnostics.attribution}")

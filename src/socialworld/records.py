@@ -127,12 +127,19 @@ class FinalState(_Rec):
 
 
 class Metrics(_Rec):
+    contract: str = "metrics-v1"
+    """the metrics contract the values were computed under (DESIGN §5.1); records written before
+    the field existed were made under ``metrics-v1`` (guards counted in CR)"""
     U: Signal
     A_e: Signal
     S_npc: Signal
     D: Signal
     CR: Signal
     passed: bool
+    solved: bool = False
+    """every decision finalized and no guard broken (metrics-v2)"""
+    guards_broken: list[str] = []
+    """guards (constraints) broken at the end; any one fails the episode (metrics-v2)"""
     cr_threshold: float
     d_threshold: float
 
@@ -232,6 +239,8 @@ def write_parquet(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
                 "policy_id": e.policy_id,
                 "steps": len(e.steps),
                 "passed": None if m is None else m.passed,
+                "solved": None if m is None else m.solved,
+                "metrics_contract": None if m is None else m.contract,
                 **{k: (None if m is None else getattr(m, k).value) for k in ("U", "A_e", "S_npc", "D", "CR")},
                 "schema_version": e.schema_version,
                 "record": e.model_dump_json(),
@@ -246,6 +255,8 @@ def write_parquet(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
             ("policy_id", pa.string()),
             ("steps", pa.int32()),
             ("passed", pa.bool_()),
+            ("solved", pa.bool_()),
+            ("metrics_contract", pa.string()),
             *((k, pa.float64()) for k in ("U", "A_e", "S_npc", "D", "CR")),
             ("schema_version", pa.string()),
             ("record", pa.string()),

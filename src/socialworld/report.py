@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from .records import EpisodeRecord
 from .rundir import RunDir
 
-METRIC_LABELS = {"U": "U", "A_e": "A_e", "S_npc": "S_npc", "D": "D", "CR": "CR", "pass": "PassRate"}
+METRIC_LABELS = {"U": "U", "A_e": "A_e", "S_npc": "S_npc", "D": "D", "CR": "CR", "pass": "PassRate", "solve": "SolveRate"}
 VIEWER_VERSION = "viewer-v1"
 
 
@@ -62,13 +62,13 @@ def lifelong_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def loop_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["cycle", "unlocked", "action pairs", "dialogue pairs", "excluded (by reason)", "final loss", "pass", "D"]
+    head = ["cycle", "unlocked", "action pairs", "dialogue pairs", "excluded (by reason)", "final loss", "pass", "solve", "D"]
     rows = []
     for s in doc["loop"]:
         excl = ", ".join(f"{k} {v}" for k, v in sorted(s["excluded"].items())) or "–"
         loss = ", ".join(f"{k} {v:.3f}" for k, v in s["final_loss"].items() if v is not None) or "–"
         rows.append([str(s["cycle"]), "+".join(s["tiers"]), str(s["pairs"].get("action", 0)), str(s["pairs"].get("dialogue", 0)),
-                     excl, loss, f"{s['eval']['pass_rate']:.2f}", f"{s['eval']['D']:.2f}"])
+                     excl, loss, f"{s['eval']['pass_rate']:.2f}", f"{s['eval']['solve_rate']:.2f}", f"{s['eval']['D']:.2f}"])
     return head, rows
 
 
@@ -89,9 +89,11 @@ TABLES = (("Main table (last cycle, 95% bootstrap intervals)", main_rows),
 
 def markdown(doc: dict) -> str:
     cfg = doc["config"]
-    out = [f"# ASCENT-Bench report ({doc['version']})", "",
+    out = [f"# ASCENT-Bench report ({doc['version']}, {doc['metrics_contract']})", "",
            f"Model `{cfg['model']}`, preset `{cfg['preset']}`, seed {cfg['seed']}, unlocking `{cfg['unlock']}`; "
-           f"Pass iff CR >= {doc['thresholds']['CR']} and D >= {doc['thresholds']['D']}. "
+           f"Pass iff CR >= {doc['thresholds']['CR']} and D >= {doc['thresholds']['D']} and no guard is broken; "
+           "Solved iff every decision is finalized and no guard is broken (CR counts decisions and conflicts only). "
+           f"Mean steps per episode: {', '.join(f'{a} {v:.1f}' for a, v in doc['steps_per_episode'].items())}. "
            f"Arms: A untrained, B closed loop, C {cfg['proxy'] or 'expert'}; oracle and random as references. "
            f"Episodes per arm: {doc['episodes_per_arm']}.", ""]
     for title, fn in TABLES:
@@ -107,7 +109,7 @@ def suite_markdown(doc: dict) -> str:
     difference of PassRate and D against the untrained model on the same episodes."""
     keys = list(METRIC_LABELS)
     head = ["variant"] + [METRIC_LABELS[k] for k in keys] + ["PassRate - untrained", "D - untrained", "pairs kept (per cycle)"]
-    out = [f"# ASCENT-Bench {doc['suite']} suite ({doc['version']})", "",
+    out = [f"# ASCENT-Bench {doc['suite']} suite ({doc['version']}, {doc['metrics_contract']})", "",
            f"Preset `{doc['config']['preset']}` ({doc['preset']}), seed {doc['config']['seed']}; every variant under the same "
            "protocol, budget and evaluation seeds, reusing the same untrained wake data.", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -162,7 +164,7 @@ def plots(doc: dict) -> dict[str, str]:
     fig.suptitle("PassRate per cycle and tier")
     out["heatmap"] = _png(fig)
 
-    keys = ["U", "A_e", "D", "CR", "pass"]
+    keys = ["U", "A_e", "D", "CR", "pass", "solve"]
     fig, ax = plt.subplots(figsize=(7, 2.8))
     width = 0.8 / len(arms)
     for k, arm in enumerate(arms):

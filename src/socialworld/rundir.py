@@ -22,6 +22,9 @@ import yaml
 from .records import atomic_write_text
 
 MANIFEST_VERSION = "manifest-v1"
+CONTRACT_KEY = "metrics_contract"
+"""the config key naming the metrics contract a run is scored under (a stored config without it: v1)"""
+LEGACY_CONTRACT = "metrics-v1"
 
 
 def sha256_path(path: Path) -> str:
@@ -71,6 +74,10 @@ class RunDir:
         text = yaml.safe_dump(config, sort_keys=True)
         if path.exists():
             old, new = with_defaults(yaml.safe_load(path.read_text()), defaults or {}), yaml.safe_load(text)
+            theirs, ours = old.get(CONTRACT_KEY, LEGACY_CONTRACT), new.get(CONTRACT_KEY, LEGACY_CONTRACT)
+            if theirs != ours:
+                raise ValueError(f"{path}: this run was scored under {theirs}, this version scores under {ours}; "
+                                 "numbers of different metrics contracts are never mixed: use a new run folder")
             grown = [k for k in may_grow if isinstance(old.get(k), int) and isinstance(new.get(k), int) and new[k] > old[k]]
             if {k: v for k, v in old.items() if k not in grown} != {k: v for k, v in new.items() if k not in grown}:
                 raise ValueError(f"{path} exists with a different config: resume with the same settings or use a new run folder")

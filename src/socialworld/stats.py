@@ -12,19 +12,22 @@ from typing import Sequence
 
 import numpy as np
 
-from .metrics import METRIC_KEYS, episode_metrics
+from .metrics import METRIC_KEYS, episode_metrics, require_contract
 from .records import EpisodeRecord
 
 PASS = "pass"
+SOLVE = "solve"
 
 
 def metric_value(ep: EpisodeRecord, key: str) -> float:
-    """One episode's value of ``key`` (a core metric name, or ``pass`` -> 1.0/0.0)."""
+    """One episode's value of ``key`` (a core metric name, ``pass`` or ``solve`` -> 1.0/0.0)."""
     m = ep.metrics or episode_metrics(ep)
     if key == PASS:
         return float(m.passed)
+    if key == SOLVE:
+        return float(m.solved)
     if key not in METRIC_KEYS:
-        raise KeyError(f"unknown metric {key!r}; expected one of {METRIC_KEYS + (PASS,)}")
+        raise KeyError(f"unknown metric {key!r}; expected one of {METRIC_KEYS + (PASS, SOLVE)}")
     v = getattr(m, key).value
     if v is None:
         raise ValueError(f"episode {ep.episode_id} has no value for {key}")
@@ -68,6 +71,7 @@ def bootstrap(values: Sequence[float], resamples: int = 10_000, level: float = 0
 
 def metric_interval(episodes: Sequence[EpisodeRecord], key: str, **kw) -> Interval:
     """Bootstrap interval of the mean of ``key`` over ``episodes``."""
+    require_contract(episodes)
     return bootstrap([metric_value(e, key) for e in episodes], **kw)
 
 
@@ -80,5 +84,6 @@ def paired_difference(a: Sequence[EpisodeRecord], b: Sequence[EpisodeRecord], ke
     if ka.keys() != kb.keys():
         raise ValueError(f"paired comparison needs the same episodes on both sides; "
                          f"only in a: {sorted(ka.keys() - kb.keys())[:3]}, only in b: {sorted(kb.keys() - ka.keys())[:3]}")
+    require_contract([*a, *b])
     keys = sorted(ka)
     return bootstrap([metric_value(kb[k], key) - metric_value(ka[k], key) for k in keys], **kw)

@@ -155,15 +155,26 @@ class _ExpertMemory:
     beliefs: Beliefs = field(default_factory=Beliefs)
     tried: set[tuple[str, str]] = field(default_factory=set)  # (slot, option) given up on
     offered: set[tuple[str, str, str, str]] = field(default_factory=set)
+    asked: Counter = field(default_factory=Counter)  # (npc, slot) -> inquiries made
     approached: set[str] = field(default_factory=set)
     repaired: set[str] = field(default_factory=set)
+    pressed: set[tuple[str, str, str]] = field(default_factory=set)  # (npc, slot, option) re-asked one-to-one
     conflict_tries: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
 
 class ExpertPolicy:
-    """A competent organiser that sees only observations: asks everyone, proposes the option
-    the stated preferences favour, negotiates with whoever rejects, finalizes on consensus,
-    repairs relationships, and settles quarrels (guessing the order from mood cues)."""
+    """A competent organiser that sees only observations (``expert-v2``).
+
+    Per open decision, in order: propose to everyone at once the option the known wants favour
+    (no known veto, within budget, a promised option first) — one turn hears every stakeholder;
+    ask only someone who turned a proposal down and whose wish is still unknown, *once* (one who
+    answered vaguely is approached and asked a second time only when there are turns to spare);
+    finalize as soon as every present stakeholder accepted; win
+    over each one who rejects with a non-binding offer first, a promise only when its decision
+    is still open and nobody was promised it, then one one-to-one re-proposal once everyone else
+    agreed; give up on an option only then. Quarrels are settled first (the more hurt party, by
+    mood cue, first), then relationships before leaving. Its stated mental state infers
+    preferences from what was said and from who accepted what."""
 
     policy_id = "expert"
 
@@ -180,8 +191,21 @@ class ExpertPolicy:
             m = self._mem.setdefault(k, _ExpertMemory())
             b = m.beliefs.update(obs)
             a = self._choose(m, obs, b)
-            out.append(Decision(a, b.mental_state(obs), raw=a.key))
+            out.append(Decision(a, self._stated(obs, b), raw=a.key))
         return out
+
+    @staticmethod
+    def _stated(obs: Observation, b: Beliefs) -> MentalState:
+        """What was said, plus an inference for the unsaid: whoever accepted a proposal is
+        taken to like that option, unless they stated otherwise."""
+        ms = b.mental_state(obs)
+        prefs = ms.preferences
+        for s in obs.slots:
+            if s.proposal is None:
+                continue
+            for h in s.accepted_by:
+                prefs.setdefault(h, {}).setdefault(s.id, s.proposal)
+        return ms
 
     def _choose(self, m: _ExpertMemory, obs: Observation, b: Beliefs) -> Action:
         cue = {n.id: n.cue_bucket for n in obs.npcs}
@@ -204,8 +228,9 @@ class ExpertPolicy:
             if npc not in m.repaired and obs.npc(npc).present:
                 m.repaired.add(npc)
                 return say(obs, Action("repair", npc=npc))
-        # 2. decisions, one at a time
-        for s in obs.slots:
+        # 2. decisions, promised ones first (a promise is kept only once its decision is made)
+        promised = {c.target_slot for c in obs.commitments if c.status == "pending"}
+        for s in sorted(obs.slots, key=lambda s: s.id not in promised):
             if s.status != "open":
                 continue
             a = self._work_on(m, obs, b, s)
@@ -223,17 +248,19 @@ class ExpertPolicy:
         return say(obs, Action("end"))
 
     def _work_on(self, m: _ExpertMemory, obs: Observation, b: Beliefs, s: SlotView) -> Action | None:
-        holders = list(s.stakeholders)
+        here = {n.id for n in obs.npcs if n.present}
+        holders = [h for h in s.stakeholders if h in here]
+        spare = obs.turns_left - 2 * sum(1 for x in obs.slots if x.status == "open")
         for h in holders:
-            if s.id in b.prefers.get(h, {}):
+            if s.id in b.prefers.get(h, {}) or not _rejected_here(m, s, h):
                 continue
-            vague = b.vague[(h, s.id)]
-            if vague >= 3:
-                continue
-            if vague >= 1 and h not in m.approached:
-                m.approached.add(h)
-                return say(obs, Action("approach", npc=h))
-            return say(obs, Action("inquire", npc=h, slot=s.id))
+            asked = m.asked[(h, s.id)]
+            if asked == 0 or (asked == 1 and b.vague[(h, s.id)] >= 1 and spare > len(holders)):
+                if asked == 1 and h not in m.approached:
+                    m.approached.add(h)
+                    return say(obs, Action("approach", npc=h))
+                m.asked[(h, s.id)] += 1
+                return say(obs, Action("inquire", npc=h, slot=s.id))
         option = self._candidate(m, obs, b, s)
         if option is None:
             return None
@@ -252,21 +279,27 @@ class ExpertPolicy:
             if offer is not None:
                 m.offered.add((h, s.id, option, offer))
                 return say(obs, Action("negotiate", npc=h, slot=s.id, option=option, offer=offer))
+            others_agree = all(x in s.accepted_by for x in holders if x != h)
+            if others_agree and (h, s.id, option) not in m.pressed:  # everyone else agreed: ask once more
+                m.pressed.add((h, s.id, option))
+                return say(obs, Action("propose", slot=s.id, option=option, npc=h))
         m.tried.add((s.id, option))
         return self._work_on(m, obs, b, s)
 
     def _candidate(self, m: _ExpertMemory, obs: Observation, b: Beliefs, s: SlotView) -> str | None:
         promised = [c.target_option for c in obs.commitments if c.status == "pending" and c.target_slot == s.id]
+        here = {n.id for n in obs.npcs if n.present}
+        holders = [h for h in s.stakeholders if h in here]
         best, best_score = None, None
         for o in s.options:
             if not o.available or (s.id, o.id) in m.tried:
                 continue
-            if any(o.id in b.vetoes.get(h, {}).get(s.id, ()) for h in s.stakeholders):
+            if any(o.id in b.vetoes.get(h, {}).get(s.id, ()) for h in holders):
                 continue
-            if obs.budget_left is not None and o.cost > obs.budget_left:
+            if obs.budget_left is not None and o.cost > obs.budget_left - _reserve(obs, s.id):
                 continue
             score = 5.0 * promised.count(o.id)
-            for h in s.stakeholders:
+            for h in holders:
                 if b.prefers.get(h, {}).get(s.id) == o.id:
                     score += 2
                 if o.id in b.dislikes.get(h, {}).get(s.id, ()):
@@ -277,11 +310,15 @@ class ExpertPolicy:
         return best
 
     def _offer_for(self, m: _ExpertMemory, obs: Observation, b: Beliefs, npc: str, slot: str, option: str) -> str | None:
-        for off in sorted(obs.offers, key=lambda o: -o.value):
-            if (npc, slot, option, off.id) in m.offered:
+        """Non-binding offers first (largest first), then a promise on a decision that is still
+        open, that nobody was promised, and that this NPC has a say on."""
+        made = {c.offer for c in obs.commitments if (c.npc, c.slot, c.option) == (npc, slot, option)}
+        for off in sorted(obs.offers, key=lambda o: (o.kind == "promise", -o.value)):
+            if (npc, slot, option, off.id) in m.offered or off.id in made:
                 continue
             if off.kind == "promise":
-                if off.target_slot == slot or obs.slot(off.target_slot).status != "open":  # type: ignore[arg-type]
+                tgt = obs.slot(off.target_slot)  # type: ignore[arg-type]
+                if off.target_slot == slot or tgt.status != "open" or npc not in tgt.stakeholders:
                     continue
                 if any(c.status == "pending" and c.target_slot == off.target_slot for c in obs.commitments):
                     continue  # never promise the same decision twice
@@ -460,6 +497,11 @@ class OraclePolicy:
             if h not in s.accepted_by:
                 return say(obs, Action("propose", slot=s.id, option=option, npc=h))
         return None
+
+
+def _rejected_here(m: _ExpertMemory, s: SlotView, h: str) -> bool:
+    """``h`` turned down the current proposal on ``s``, or an option on ``s`` was given up on."""
+    return h in s.rejected_by or any(slot == s.id for (slot, _o) in m.tried)
 
 
 def _reserve(obs: Observation, slot_id: str | None = None) -> float:
