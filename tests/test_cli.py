@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from socialworld.cli import app
@@ -51,3 +53,50 @@ def test_loop_options_reach_the_config(monkeypatch):
     (cfg,) = seen
     assert (cfg.train.method, cfg.train.steps, cfg.train.lora_r, cfg.train.lora_alpha) == ("sft", 7, 8, 16)
     assert cfg.train.target_modules == ("q_proj", "up_proj") and cfg.sleep.label_gate == "disagree"
+
+
+FILE_CASES = [  # (id, how to make the path, the error after "error: <path>: ")
+    ("missing", lambda d: d / "nope.yaml", "no such file"),
+    ("directory", lambda d: (d / "folder.yaml").mkdir() or d / "folder.yaml", "is a directory, not a scenario file"),
+    ("directory-no-suffix", lambda d: (d / "plain").mkdir() or d / "plain", "is a directory, not a scenario file"),
+    ("not-utf8", lambda d: (d / "b.yaml").write_bytes(b"name: caf\xe9\n") and d / "b.yaml", "not UTF-8 text (byte 9: invalid continuation byte)"),
+    ("deep", lambda d: (d / "n.yaml").write_text("[" * 20000 + "]" * 20000) and d / "n.yaml", "not valid YAML: nested too deeply"),
+    ("empty", lambda d: (d / "e.yaml").write_text("") or d / "e.yaml", "the file is empty"),
+]
+
+
+def _long_dir(tmp_path):
+    d = tmp_path / ("a_long_folder_name_so_the_line_is_wider_than_the_terminal_" * 2)
+    d.mkdir()
+    return d
+
+
+@pytest.mark.parametrize("make,expected", [x[1:] for x in FILE_CASES], ids=[x[0] for x in FILE_CASES])
+def test_check_bad_file_is_one_line_naming_the_file(tmp_path, make, expected):
+    p = make(_long_dir(tmp_path))
+    r = runner.invoke(app, ["check", str(p)])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.exception  # a clean exit, no traceback
+    assert r.output.splitlines() == [f"error: {p}: {expected}"], r.output  # one line, never wrapped
+
+
+def test_errors_print_literally_not_as_markup(tmp_path, specs):
+    from socialworld.spec import builtin_scenario_files
+
+    text = next(p for p in builtin_scenario_files() if p.stem == "team_lunch").read_text()
+    p = tmp_path / "bad_id.yaml"
+    p.write_text(text.replace("id: team_lunch-v1", "id: Team-Lunch"))
+    r = runner.invoke(app, ["check", str(p)])
+    assert r.exit_code == 2
+    assert r"field id: String should match pattern '^[a-z0-9_]+-v\d+$'" in r.output, r.output  # was '^+-v\d+$'
+
+
+def test_check_prints_warnings_without_failing(tmp_path):
+    from socialworld.spec import builtin_scenario_files
+
+    text = next(p for p in builtin_scenario_files() if p.stem == "team_lunch").read_text()
+    p = tmp_path / "lunch.yaml"
+    p.write_text(text + '\nevents:\n  - {kind: weather_change, at: [2, 3], tag: "[snowy]", text: "Snow!"}\n')
+    r = runner.invoke(app, ["check", str(p), "--seeds", "4", "--fuzz-seeds", "4"])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0].startswith("ok team_lunch-v1: ")
+    assert "warning: events[0].tag: no option carries the tag '[snowy]'" in r.output, r.output

@@ -262,3 +262,76 @@ def test_snapshot_crosses_processes(specs, tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "snap.json")], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == here.snapshot_json()
+
+
+# ---------------------------------------------------------------- crash classes, fixed at their root
+
+def _promise_spec():
+    """The tiny film scenario plus a snack decision only Ann has a say on, and a promise of it."""
+    from socialworld.testing import tiny_spec_data
+    from socialworld.spec import parse_spec
+
+    data = tiny_spec_data()
+    data["slots"].append({"id": "snack", "label": "snack", "stakeholders": ["ann"],
+                          "options": [{"id": "chips", "label": "Chips"}, {"id": "nuts", "label": "Nuts"}]})
+    data["npcs"][0]["preferences"]["snack"] = {"default": [0.4, 0.6]}
+    data["offers"].append({"id": "pick_snack", "kind": "promise", "text": "you choose the snack", "value": 0.2,
+                           "target_slot": "snack"})
+    return parse_spec(data)
+
+
+def test_promise_on_a_slot_the_npc_has_no_say_on_is_illegal_not_a_crash():
+    spec = _promise_spec()
+    w = World(spec, 1)
+    bad = A("negotiate(bob, film, comedy, pick_snack)", "Bob, comedy if you choose the snack?")
+    assert w.check_legal(bad) == "bob has no say on snack: nothing to promise them there"
+    r = w.step(bad)  # used to raise KeyError in World.step
+    assert r.parse_status == "illegal" and w.pub.commitments == []
+    listed = {a.key for a in legal_actions(observe(spec, w.pub))}
+    assert "negotiate(bob, film, comedy, pick_snack)" not in listed
+    assert "negotiate(ann, film, comedy, pick_snack)" in listed  # Ann has a say: still offered
+    assert w.check_legal(A("negotiate(ann, film, comedy, pick_snack)")) is None
+
+
+def test_legal_actions_agree_with_check_legal_with_restricted_stakeholders():
+    spec = _promise_spec()
+    for seed in range(4):
+        w = World(spec, seed)
+        pol = make_policy("random", seed=seed)
+        pol.reset(["k"])
+        while not w.done:
+            obs = observe(spec, w.pub)
+            for a in legal_actions(obs):
+                assert w.check_legal(a) is None, a
+            w.step(pol.act(["k"], [obs])[0].action)
+
+
+def test_preference_change_for_a_non_stakeholder_does_not_crash_the_handler():
+    """Validation refuses this event (test_spec); a spec built around validation
+    (model_copy) must still not crash the engine."""
+    from socialworld.spec import EventSpec
+
+    base = _promise_spec()
+    ev = EventSpec(kind="preference_change", at=[1, 1], npc="bob", slot="snack", text="Bob changed his mind.")
+    spec = base.model_copy(update={"events": (ev,)})
+    w = World(spec, 1)
+    before = w.hid["bob"].utilities
+    r = w.step(A("wait()"))  # the event fires after the first action (used to raise KeyError)
+    assert r.announcements == ("Bob changed his mind.",)
+    assert w.hid["bob"].utilities == before and "snack" not in before
+
+
+def test_a_secret_in_an_illegal_actions_utterance_is_a_leak(world):
+    world.pub.confided = frozenset({"ann"})
+    r = world.step(A("finalize(film, pizza)", "Ann is moving abroad, so let's settle this."))
+    assert r.parse_status == "illegal" and r.leaked == ("ann",)
+    assert world.pub.transcript[-1].text.startswith("Ann is moving abroad")  # it was said aloud
+    assert world.pub.leaks == 1 and world.subgoals()["no_secret_leaked"] is False
+
+
+def test_an_illegal_action_to_the_secrets_owner_follows_the_legal_rule(world):
+    world.pub.confided = frozenset({"ann"})
+    r = world.step(A("inquire(ann, pizza)", "Ann, about going abroad: which pizza?"))
+    assert r.parse_status == "illegal" and r.leaked == () and world.pub.leaks == 0
+    r = world.step(A("inquire(bob, pizza)", "Bob, Ann goes abroad: which pizza?"))
+    assert r.parse_status == "illegal" and r.leaked == ("ann",) and world.pub.leaks == 1

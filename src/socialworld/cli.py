@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .check import check_scenario
 from .evaluate import EvalConfig, evaluate, help_for
@@ -43,8 +44,14 @@ def _SleepConfig():  # imported lazily, as above
     return SleepConfig
 
 
+def _say(msg: str) -> None:
+    """Print library text literally: never as rich markup ('[a-z0-9_]' is not a style tag)."""
+    console.print(msg, markup=False)
+
+
 def _fail(msg: str) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {msg}")
+    """The error, literally, on stderr without wrapping (a one-line message stays one line); exit 2."""
+    Console(stderr=True).print(Text.assemble(("error:", "red"), " ", msg), soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -121,15 +128,17 @@ def eval_cmd(
             t.add_row(key, str(m["n"]), *(f"{m[c]:.2f}" for c in cols))
         console.print(t)
     d = cfg.out_dir()
-    console.print(f"records: {d}/episodes.jsonl, {d}/episodes.parquet; summary: {d}/metrics.json")
+    _say(f"records: {d}/episodes.jsonl, {d}/episodes.parquet; summary: {d}/metrics.json")
 
 
 @app.command()
 def check(
     scenario: list[str] = typer.Argument(None, help="scenario ids or YAML paths (default: all shipped)"),
     seeds: int = typer.Option(50, help="seeds for the oracle-solvability and leak checks"),
+    fuzz_seeds: int = typer.Option(200, help="seeds of the crash fuzz (random actions; 0 skips it)"),
 ) -> None:
-    """Run check_scenario (schema, oracle solvability, determinism, no hidden-value leaks)."""
+    """Run check_scenario (schema, oracle solvability, determinism, no hidden-value leaks, crash
+    fuzz); warnings (likely mistakes) are printed and fail nothing."""
     try:
         specs = resolve_scenarios(scenario or None)
     except ScenarioError as err:
@@ -137,11 +146,15 @@ def check(
         return
     bad = 0
     for spec in specs:
-        r = check_scenario(spec, seeds=seeds)
-        status = "[green]ok[/green]" if r.ok else "[red]FAIL[/red]"
-        console.print(f"{status} {spec.id}: oracle pass {r.oracle_pass_rate:.0%}, settles all decisions {r.oracle_solve_rate:.0%}, {r.observations_checked} observations checked")
+        r = check_scenario(spec, seeds=seeds, fuzz_seeds=fuzz_seeds)
+        console.print(Text.assemble(
+            ("ok", "green") if r.ok else ("FAIL", "red"),
+            f" {spec.id}: oracle pass {r.oracle_pass_rate:.0%}, settles all decisions {r.oracle_solve_rate:.0%}, "
+            f"{r.observations_checked} observations checked, {r.fuzz_steps} fuzz steps"))
         for p in r.problems:
-            console.print(f"   - {p}")
+            _say(f"   - {p}")
+        for w in r.warnings:
+            console.print(Text.assemble("   ", ("warning:", "yellow"), f" {w}"))
         bad += not r.ok
     if bad:
         raise typer.Exit(1)
@@ -193,8 +206,8 @@ def loop_cmd(
                      train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight,  # type: ignore[arg-type]
                                        lora_r=lora_r, lora_alpha=2 * lora_r,
                                        target_modules=tuple(m for m in target_modules.split(",") if m)))
-    summaries = _with_bars(lambda progress: run_loop(cfg, log=console.print, progress=progress))
-    t = Table(title=f"loop: {out}")
+    summaries = _with_bars(lambda progress: run_loop(cfg, log=_say, progress=progress))
+    t = Table(title=escape(f"loop: {out}"))
     for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "solve", "D", "CR",
               "pass - untrained", "D - untrained"):
         t.add_column(c, justify="right")
@@ -236,7 +249,7 @@ def gate_cmd(
     except ValueError as err:
         _fail(str(err))
         return
-    t = Table(title=f"gating variants: {run} cycle {cycle}")
+    t = Table(title=escape(f"gating variants: {run} cycle {cycle}"))
     for c in ("variant", "action kept", "dialogue kept", "excluded (by reason)", "same pairs as the run"):
         t.add_column(c)
     for name, r in result.items():
@@ -267,8 +280,8 @@ def fit_cmd(
         print(json.dumps(f.as_dict()))
         return
     taken = sorted({v for row in f.confusion.values() for v in row})
-    t = Table(title=f"{model}{' + ' + adapter if adapter else ''} on {pairs}: exact {f.exact}/{f.pairs} "
-                    f"({f.exact_rate:.2f}), same kind {f.same_verb}/{f.pairs} ({f.verb_rate:.2f}), unparsed {f.unparsed}")
+    t = Table(title=escape(f"{model}{' + ' + adapter if adapter else ''} on {pairs}: exact {f.exact}/{f.pairs} "
+                           f"({f.exact_rate:.2f}), same kind {f.same_verb}/{f.pairs} ({f.verb_rate:.2f}), unparsed {f.unparsed}"))
     t.add_column("chosen / taken")
     for v in taken:
         t.add_column(v, justify="right")
@@ -321,12 +334,12 @@ def bench_cmd(
     cfg = BenchConfig(out=out, model=model, preset=preset, proxy=proxy, unlock=unlock, adaptive_threshold=adaptive_threshold,  # type: ignore[arg-type]
                       cycles=cycles, seed=seed)
     if suite in SUITES:
-        _with_bars(lambda progress: run_suite(cfg, suite, log=console.print, progress=progress))
-        console.print((Path(out) / suite / "suite.md").read_text())
+        _with_bars(lambda progress: run_suite(cfg, suite, log=_say, progress=progress))
+        _say((Path(out) / suite / "suite.md").read_text())
         return
     if suite != "main":
         _fail(f"unknown suite {suite!r}; known: main, {', '.join(SUITES)}")
-    result = _with_bars(lambda progress: run_bench(cfg, log=console.print, progress=progress))
+    result = _with_bars(lambda progress: run_bench(cfg, log=_say, progress=progress))
     for title, fn in (("main table (last cycle)", main_rows), ("R[cycle][tier]", r_rows)):
         head, rows = fn(result.doc)
         t = Table(title=title)
@@ -335,7 +348,7 @@ def bench_cmd(
         for r in rows:
             t.add_row(*r)
         console.print(t)
-    console.print(f"report: {Path(out) / 'report.html'}")
+    _say(f"report: {Path(out) / 'report.html'}")
 
 
 @app.command("tom")
@@ -412,7 +425,7 @@ def foresee_cmd(
         t.add_row(k, fmt(doc["metrics"]["plain"][k]), fmt(doc["metrics"]["foresee"][k]), fmt(d))
     console.print(t)
     r = doc["refinement"]
-    console.print(f"refined {r['refined']} of {r['steps']} steps; {r['unparsed']} of {r['predictions']} predictions unparsed; "
+    _say(f"refined {r['refined']} of {r['steps']} steps; {r['unparsed']} of {r['predictions']} predictions unparsed; "
                   f"prompt tokens plain {r['tokens_in']['plain']}, foresee {r['tokens_in']['foresee']}")
 
 

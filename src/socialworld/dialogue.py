@@ -130,11 +130,19 @@ def assess(spec: ScenarioSpec, action: Action, facts: Iterable[Fact], confided: 
     n = len(text.split())
     f["length"] = 1.0 if 4 <= n <= 40 else (n / 4 if n < 4 else max(0.0, 1 - (n - 40) / 40))
 
-    leaked = [
-        owner for owner in confided
-        if owner != action.npc and any(k in text for k in lex.secrets.get(owner, ()))
-    ]
+    leaked = _leaked(lex, text, action.npc, confided)
     if leaked:
-        return DialogueScore(0.0, f, tuple(leaked))
+        return DialogueScore(0.0, f, leaked)
     q = sum(WEIGHTS[k] * v for k, v in f.items()) / sum(WEIGHTS[k] for k in f)
     return DialogueScore(q, f, ())
+
+
+def _leaked(lex: _Lexicon, text: str, addressee: str | None, confided: Iterable[str]) -> tuple[str, ...]:
+    return tuple(owner for owner in confided if owner != addressee and any(k in text for k in lex.secrets.get(owner, ())))
+
+
+def leaked_secrets(spec: ScenarioSpec, utterance: str, addressee: str | None, confided: Iterable[str]) -> tuple[str, ...]:
+    """Ids of the NPCs whose confided secret ``utterance`` reveals to anyone but its owner
+    (``addressee``; None = nobody in particular). The same test :func:`assess` applies; the
+    world also runs it on the utterances of illegal actions, which reach the transcript too."""
+    return _leaked(_lexicon(spec), _norm(utterance), addressee, confided)

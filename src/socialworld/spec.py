@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Tier = Literal["L0", "L1", "L2"]
 TIERS: tuple[Tier, ...] = ("L0", "L1", "L2")
@@ -44,9 +45,25 @@ GuardKind = Literal[
 ]
 Style = Literal["warm", "formal", "blunt", "shy", "cheerful"]
 
+ID_PATTERN = r"^[a-z0-9_]+$"
+"""npc, slot, option and offer ids: lower-case letters, digits and underscores (the action
+grammar ``kind(arg, ...)`` parses nothing else)"""
+MAX_SPEC_BYTES = 1_000_000
+"""the largest scenario file :func:`load_spec` reads (1 MB; the shipped ones are ~5 KB)"""
+_KEYWORD_WORD = re.compile(r"[a-z0-9]")  # socialworld.dialogue matches words of [a-z0-9']
+
+Id = Annotated[str, Field(pattern=ID_PATTERN)]
+
+
+def _not_all(npc_id: str) -> str:
+    if npc_id == "all":
+        raise ValueError("'all' is reserved (propose(slot, option, all) addresses everyone)")
+    return npc_id
+
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: NaN or an infinity in any float field is a validation error
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Range(_Frozen):
@@ -103,9 +120,17 @@ class Secret(_Frozen):
     text: str
     keywords: tuple[str, ...] = Field(min_length=1)
 
+    @field_validator("keywords")
+    @classmethod
+    def _wordy(cls, keywords: tuple[str, ...]) -> tuple[str, ...]:
+        for k in keywords:
+            if not _KEYWORD_WORD.search(k.lower()):
+                raise ValueError(f"keyword {k!r} has no ASCII letter or digit (keywords are matched as whole words of a-z, 0-9)")
+        return keywords
+
 
 class NPCSpec(_Frozen):
-    id: str
+    id: Annotated[Id, AfterValidator(_not_all)]
     name: str
     profile: str
     style: Style = "warm"
@@ -119,7 +144,7 @@ class NPCSpec(_Frozen):
 
 
 class OptionSpec(_Frozen):
-    id: str
+    id: Id
     label: str
     cost: float = 0.0
     capacity: int | None = None
@@ -128,7 +153,7 @@ class OptionSpec(_Frozen):
 
 
 class SlotSpec(_Frozen):
-    id: str
+    id: Id
     label: str
     stakeholders: Literal["all"] | tuple[str, ...] = "all"
     options: tuple[OptionSpec, ...] = Field(min_length=2)
@@ -146,7 +171,7 @@ class SlotSpec(_Frozen):
 
 
 class OfferSpec(_Frozen):
-    id: str
+    id: Id
     kind: OfferKind
     text: str
     """how the organiser words the offer, e.g. 'you choose the date'"""
@@ -273,16 +298,38 @@ def _check_references(spec: ScenarioSpec) -> None:
             raise ValueError(f"offers.{o.id}.target_slot: a promise needs a known slot, got {o.target_slot!r}")
         if o.kind == "pay" and spec.budget is None:
             raise ValueError(f"offers.{o.id}: a 'pay' offer needs a scenario budget")
+    if spec.t_ref > spec.turn_budget:
+        raise ValueError(f"t_ref: {spec.t_ref} reference steps do not fit in the turn budget of {spec.turn_budget}")
+    pairs: dict[frozenset[str], int] = {}
     for i, e in enumerate(spec.events):
         for who in (e.npc, *e.npcs):
             if who is not None and who not in npcs:
                 raise ValueError(f"events[{i}].npc: unknown npc '{who}'")
+        if e.at.low != int(e.at.low) or e.at.high != int(e.at.high) or e.at.low < 1:
+            raise ValueError(f"events[{i}].at: turns are whole numbers from 1 (an event fires after that many actions), "
+                             f"got [{e.at.low:g}, {e.at.high:g}]")
+        if e.at.low > spec.turn_budget:
+            raise ValueError(f"events[{i}].at: the window starts at turn {e.at.low:g}, after the turn budget of "
+                             f"{spec.turn_budget}: the event could never fire")
         if e.kind in ("participant_leaves", "late_arrival", "preference_change") and e.npc is None:
             raise ValueError(f"events[{i}].npc: '{e.kind}' needs an npc")
+        if e.kind == "late_arrival" and spec.npc(e.npc).present:  # type: ignore[arg-type]
+            raise ValueError(f"events[{i}].npc: late_arrival of '{e.npc}', who is present from the start "
+                             f"(give them present: false)")
         if e.kind == "preference_change" and e.slot not in slots:
             raise ValueError(f"events[{i}].slot: 'preference_change' needs a known slot")
+        if e.kind == "preference_change" and e.npc not in spec.stakeholders(e.slot):  # type: ignore[arg-type]
+            raise ValueError(f"events[{i}].npc: preference_change of '{e.npc}', who has no say on slot '{e.slot}'")
         if e.kind == "conflict" and len(e.npcs) != 2:
             raise ValueError(f"events[{i}].npcs: 'conflict' needs exactly two npcs")
+        if e.kind == "conflict" and e.npcs[0] == e.npcs[1]:
+            raise ValueError(f"events[{i}].npcs: a conflict of '{e.npcs[0]}' with themselves")
+        if e.kind == "conflict":
+            pair = frozenset(e.npcs)
+            if pair in pairs:
+                raise ValueError(f"events[{i}].npcs: a second conflict between {' and '.join(sorted(pair))} "
+                                 f"(the first is events[{pairs[pair]}]); one sub-goal per pair")
+            pairs[pair] = i
         if e.kind == "weather_change" and not e.tag:
             raise ValueError(f"events[{i}].tag: 'weather_change' needs a tag")
         if e.kind == "budget_cut" and (e.amount is None or spec.budget is None):
@@ -293,15 +340,67 @@ def _check_references(spec: ScenarioSpec) -> None:
         raise ValueError("guards: 'no_secret_leaked' needs at least one npc with a secret")
 
 
+def spec_warnings(spec: ScenarioSpec) -> list[str]:
+    """Likely mistakes that a scenario may still intend (pure; reported by ``check_scenario``
+    and ``socialworld check`` without failing them), each naming its field."""
+    out = []
+    arriving = {e.npc for e in spec.events if e.kind == "late_arrival"}
+    for n in spec.npcs:
+        if not n.present and n.id not in arriving:
+            out.append(f"npcs.{n.id}.present: '{n.id}' is absent (present: false) and no late_arrival event brings "
+                       f"them: they never take part")
+    tags = {t for s in spec.slots for o in s.options for t in o.tags}
+    for i, e in enumerate(spec.events):
+        if e.kind == "weather_change" and e.tag not in tags:
+            out.append(f"events[{i}].tag: no option carries the tag '{e.tag}': the weather change invalidates nothing")
+        if e.at.high >= spec.turn_budget:
+            out.append(f"events[{i}].at: the window ends at turn {e.at.high:g}, and an event at turn "
+                       f"{spec.turn_budget} (the turn budget) or later comes when no turn is left to respond")
+    return out
+
+
 class ScenarioError(ValueError):
     """A scenario file that cannot be loaded; the message names the file and the field."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with the same key twice (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the base class reports it
+                    break
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found duplicate key {key!r} (first at line {first.line + 1})", key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def _format_validation(path: str, err: ValidationError) -> str:
+    """One line per error, ``field <dotted.path>: message``. A cross-field error (raised by
+    :func:`_check_references` with the field path first) shows that path; a tuple's "too short"
+    that only echoes a failed item inside it is left out."""
+    errors = err.errors()
+    failed = [e["loc"] for e in errors]
     lines = [f"{path}: invalid scenario spec"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        lines.append(f"  field {loc}: {e['msg']}")
+    for e in errors:
+        loc = e["loc"]
+        if e["type"] == "too_short" and any(f[: len(loc)] == loc and len(f) > len(loc) for f in failed):
+            continue
+        msg = e["msg"].removeprefix("Value error, ")
+        if loc:
+            lines.append(f"  field {'.'.join(str(p) for p in loc)}: {msg}")
+        else:
+            lines.append(f"  field {msg}")  # the message starts with the field path
     return "\n".join(lines)
 
 
@@ -315,14 +414,50 @@ def parse_spec(data: object, source: str = "<data>") -> ScenarioSpec:
         raise ScenarioError(_format_validation(source, err)) from None
 
 
-def load_spec(path: str | Path) -> ScenarioSpec:
-    """Load one scenario YAML file."""
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """One line: the problem and where it is."""
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem:
+        mark = err.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return f"{err.problem}{where}"
+    return " ".join(str(err).split())
+
+
+def read_yaml(path: str | Path) -> object:
+    """The YAML document in ``path``; every failure (no such file, a folder, too large, not
+    UTF-8, empty, invalid or duplicate-key YAML, nesting too deep) is a one-line-headed
+    :class:`ScenarioError` naming the file."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        size = path.stat().st_size
+        if path.is_dir():
+            raise ScenarioError(f"{path}: is a directory, not a scenario file")
+        if size > MAX_SPEC_BYTES:
+            raise ScenarioError(f"{path}: {size} bytes; a scenario file may be at most 1 MB ({MAX_SPEC_BYTES} bytes)")
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such file") from None
+    except UnicodeDecodeError as err:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+    except OSError as err:
+        raise ScenarioError(f"{path}: cannot read: {err.strerror or err}") from None
+    if not text.strip():
+        raise ScenarioError(f"{path}: the file is empty")
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as err:
-        raise ScenarioError(f"{path}: not valid YAML: {err}") from None
-    return parse_spec(data, str(path))
+        raise ScenarioError(f"{path}: not valid YAML: {_yaml_problem(err)}") from None
+    except RecursionError:
+        raise ScenarioError(f"{path}: not valid YAML: nested too deeply") from None
+
+
+def load_spec(path: str | Path) -> ScenarioSpec:
+    """Load one scenario YAML file (see :func:`read_yaml` for the file-level errors)."""
+    data = read_yaml(path)
+    try:
+        return parse_spec(data, str(path))
+    except RecursionError:  # a deep structure YAML could still build
+        raise ScenarioError(f"{path}: invalid scenario spec: nested too deeply") from None
 
 
 def builtin_scenario_files() -> list[Path]:
@@ -350,6 +485,9 @@ def resolve_scenarios(names: list[str] | None = None, tiers: list[str] | None = 
                 chosen.append(load_spec(name))
                 continue
             matches = [s for sid, s in builtin.items() if sid == name or sid.rsplit("-v", 1)[0] == name]
+            if not matches and ("/" in name or Path(name).exists()):  # a path after all (a folder, a .txt)
+                chosen.append(load_spec(name))
+                continue
             if not matches:
                 raise ScenarioError(f"unknown scenario '{name}'; known: {', '.join(builtin)}")
             chosen.append(matches[-1])

@@ -139,11 +139,15 @@ def legal_actions(obs: Observation) -> list[Action]:
             out.extend(Action("propose", slot=s.id, option=o.id, npc=h) for h in holders)
             out.append(Action("finalize", slot=s.id, option=o.id))
             for off in obs.offers:
-                if off.kind == "promise" and (off.target_slot == s.id or obs.slot(off.target_slot).status != "open"):
-                    continue
+                to = holders
+                if off.kind == "promise":
+                    target = obs.slot(off.target_slot)  # type: ignore[arg-type]
+                    if off.target_slot == s.id or target.status != "open":
+                        continue
+                    to = [h for h in holders if h in target.stakeholders]  # a promise needs a say there
                 if off.kind == "pay" and (budget_left or 0) < off.cost:
                     continue
-                out.extend(Action("negotiate", npc=h, slot=s.id, option=o.id, offer=off.id) for h in holders)
+                out.extend(Action("negotiate", npc=h, slot=s.id, option=o.id, offer=off.id) for h in to)
     return out
 
 

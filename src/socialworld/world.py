@@ -41,7 +41,7 @@ from .core import (
     mood_bucket,
     preferred_option,
 )
-from .dialogue import assess
+from .dialogue import assess, leaked_secrets
 from .rng import WorldRNG
 from .spec import EventSpec, ScenarioSpec
 from .templates import ANNOUNCEMENTS, NPC_REPLIES, STYLE_OPENERS
@@ -535,6 +535,8 @@ class World:
             if offer.kind == "promise":
                 if offer.target_slot == a.slot:
                     return "a promise must concern another decision"
+                if a.npc not in spec.stakeholders(offer.target_slot):  # type: ignore[arg-type]
+                    return f"{a.npc} has no say on {offer.target_slot}: nothing to promise them there"
                 if p.slots[offer.target_slot].status != "open":  # type: ignore[index]
                     return f"cannot promise on {offer.target_slot}: it is {p.slots[offer.target_slot].status}"  # type: ignore[index]
             if offer.kind == "pay" and (p.budget_left or 0) < offer.cost:
@@ -567,6 +569,11 @@ class World:
         p.moves.append("(unparseable)" if action is None else action.key + (" (illegal)" if status == "illegal" else ""))
         if executed.utterance:
             p.transcript.append(Line(p.t, "agent", executed.utterance))
+        if status == "illegal" and executed.utterance:  # said aloud all the same: a leak is a leak
+            assert action is not None
+            to = action.npc if action.npc is not None and p.present.get(action.npc) else None
+            leaked = leaked_secrets(self.spec, executed.utterance, to, p.confided)
+            p.leaks += len(leaked)
         if status == "ok":
             assert executed is not None
             score = assess(self.spec, executed, p.facts, p.confided)
@@ -992,6 +999,8 @@ def _ev_pref_change(w: World, e: EventSpec) -> str:
     npc, slot = e.npc, e.slot
     assert npc is not None and slot is not None
     h = w.hid[npc]
+    if slot not in h.utilities:  # no say on the slot (validation refuses it): nothing to change
+        return e.text or ANNOUNCEMENTS["preference_change"].format(name=w.spec.npc(npc).name, slot=w.spec.slot(slot).label)
     us = dict(h.utilities[slot])
     fav = w.preferred(npc, slot)
     others = [o for o in us if o != fav and o not in h.vetoes[slot] and w.available(slot, o)]

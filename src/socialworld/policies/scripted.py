@@ -389,7 +389,7 @@ class OraclePolicy:
         """Shortfall of ``npc``'s acceptance score, once everyone else has accepted (the social
         pressure a one-to-one re-proposal gets)."""
         h = hv.npcs[npc]
-        conc = max((_offer(obs, c.offer).value for c in obs.commitments if (c.npc, c.slot, c.option) == (npc, slot, option)), default=0.0)
+        conc = _concession(obs, npc, slot, option)
         spec = hv.spec
         holders = obs.slot(slot).stakeholders
         infl = sum(spec.npc(j).traits.influence for j in holders if j != npc)  # type: ignore[attr-defined]
@@ -418,7 +418,7 @@ class OraclePolicy:
                 if d <= 0:
                     continue
                 offer = self._smallest_offer(
-                    obs, hv, h, s.id, d, budget - o.cost - spend if budget is not None else None, promising
+                    obs, hv, h, s.id, o.id, d, budget - o.cost - spend if budget is not None else None, promising
                 )
                 if offer is None:
                     ok = False
@@ -436,12 +436,17 @@ class OraclePolicy:
         return None if best is None else (best[1], best[2])
 
     def _smallest_offer(
-        self, obs: Observation, hv: HiddenView, npc: str, slot: str, deficit: float, budget: float | None,
-        promising: set[str],
+        self, obs: Observation, hv: HiddenView, npc: str, slot: str, option: str, deficit: float,
+        budget: float | None, promising: set[str],
     ):
+        """The cheapest offer that closes ``deficit`` (computed with the concession ``npc`` already
+        has on ``option``). Offers do not stack: a new one *replaces* that concession, so it must be
+        worth the concession plus the deficit; an offer worth no more than the concession adds
+        nothing (the world answers ``repeated_offer``) and is never chosen."""
         pending = {c.target_slot for c in obs.commitments if c.status == "pending"} | promising
+        had = _concession(obs, npc, slot, option)
         for off in sorted(obs.offers, key=lambda o: o.value):
-            if off.value < deficit:
+            if off.value < had + deficit or off.value <= had:
                 continue
             if off.kind == "pay" and (budget is None or budget < off.cost + _reserve(obs, slot)):
                 continue
@@ -449,6 +454,8 @@ class OraclePolicy:
                 tgt = off.target_slot
                 if tgt == slot or obs.slot(tgt).status != "open" or tgt in pending:  # type: ignore[arg-type]
                     continue
+                if npc not in obs.slot(tgt).stakeholders:  # type: ignore[arg-type]
+                    continue  # no say there: nothing to promise them (illegal)
                 if not self._honourable(obs, hv, hv.preferred(npc, tgt), tgt):  # type: ignore[arg-type]
                     continue
             return off
@@ -517,3 +524,10 @@ def _reserve(obs: Observation, slot_id: str | None = None) -> float:
 
 def _offer(obs: Observation, offer_id: str):
     return next(o for o in obs.offers if o.id == offer_id)
+
+
+def _concession(obs: Observation, npc: str, slot: str, option: str) -> float:
+    """The concession ``npc`` holds on (``slot``, ``option``): the largest offer made on it (the
+    world keeps one per triple; every offer that took effect left a commitment)."""
+    return max((_offer(obs, c.offer).value for c in obs.commitments if (c.npc, c.slot, c.option) == (npc, slot, option)),
+               default=0.0)
