@@ -86,7 +86,7 @@ def test_failed_solvability_names_the_seeds_and_where_the_oracle_stalls():
         npc["threshold"] = [0.99, 0.99]
         npc["preferences"] = {"film": {"default": [0.0, 0.05]}}
     r = check_scenario(data, seeds=4, fuzz_seeds=0)
-    (solve,) = [p for p in r.problems if p.startswith("oracle settles every decision")]
+    (solve,) = [p for p in r.problems if p.startswith("oracle solves")]
     assert "failing seeds: 10000, 10001, 10002, 10003;" in solve
     assert "seed 10000: ended by " in solve and "unmet: slot:film" in solve and "last moves: " in solve
     assert solve.count(" | ") == 2  # details of the first three failing seeds

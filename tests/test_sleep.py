@@ -22,7 +22,7 @@ def lunch(specs):
 
 @pytest.fixture(scope="module")
 def random_eps(lunch):
-    return run_episodes(make_policy("random", seed=3), [EpisodeJob(lunch, s) for s in (11, 12)])
+    return run_episodes(make_policy("random", seed=3), [EpisodeJob(lunch, s) for s in (12, 1)])  # seeds with 4+ pairs each
 
 
 def test_replay_reproduces_every_reward(lunch, random_eps):

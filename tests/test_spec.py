@@ -123,8 +123,8 @@ INVALID = [  # (id, shipped file, mutation, text the error must contain)
     ("blank-keyword", "birthday_budget", _set("npcs.1.secret.keywords", ["  "]), "field npcs.1.secret.keywords: keyword '  ' has no ASCII letter"),
     ("self-conflict", "weather_picnic", _set("events.1.npcs", ["marco", "marco"]), "field events[1].npcs: a conflict of 'marco' with themselves"),
     ("same-pair-twice", "weather_picnic", _second_conflict, "field events[2].npcs: a second conflict between marco and sofia"),
-    ("t_ref-over-budget", "team_lunch", _set("t_ref", 17), "field t_ref: 17 reference steps do not fit in the turn budget of 16"),
-    ("event-after-budget", "weather_picnic", _set("events.0.at", [22, 24]), "field events[0].at: the window starts at turn 22, after the turn budget of 21"),
+    ("t_ref-over-budget", "team_lunch", _set("t_ref", 17), "field t_ref: 17 reference steps do not fit in the turn budget of 7"),
+    ("event-after-budget", "weather_picnic", _set("events.0.at", [22, 24]), "field events[0].at: the window starts at turn 22, after the turn budget of 16"),
     ("event-at-turn-0", "weather_picnic", _set("events.0.at", [0, 3]), "field events[0].at: turns are whole numbers from 1"),
     ("event-fractional-turn", "weather_picnic", _set("events.0.at", [2.5, 4]), "field events[0].at: turns are whole numbers from 1"),
     ("late-arrival-present", "hackathon", _set("npcs.3.present", True), "field events[0].npc: late_arrival of 'felix', who is present from the start"),
@@ -179,7 +179,8 @@ def test_duplicate_key_in_a_shipped_file_is_refused(tmp_path):
 
     text = next(p for p in builtin_scenario_files() if p.stem == "team_lunch").read_text()
     p = tmp_path / "twice.yaml"
-    p.write_text(text.replace("turn_budget: 16\n", "turn_budget: 16\nturn_budget: 30\n"))
+    assert "\nturn_budget: " in text
+    p.write_text(text.replace("\nturn_budget: ", "\nturn_budget: 30\nturn_budget: ", 1))
     with pytest.raises(ScenarioError, match=r"twice.yaml: not valid YAML: found duplicate key 'turn_budget'"):
         load_spec(p)
 

@@ -149,7 +149,7 @@ def check(
         r = check_scenario(spec, seeds=seeds, fuzz_seeds=fuzz_seeds)
         console.print(Text.assemble(
             ("ok", "green") if r.ok else ("FAIL", "red"),
-            f" {spec.id}: oracle pass {r.oracle_pass_rate:.0%}, settles all decisions {r.oracle_solve_rate:.0%}, "
+            f" {spec.id}: oracle pass {r.oracle_pass_rate:.0%}, solves {r.oracle_solve_rate:.0%}, "
             f"{r.observations_checked} observations checked, {r.fuzz_steps} fuzz steps"))
         for p in r.problems:
             _say(f"   - {p}")
