@@ -6,3 +6,23 @@ from socialworld.spec import load_builtin_scenarios
 @pytest.fixture(scope="session")
 def specs():
     return load_builtin_scenarios()
+
+
+def write_user_scenario(path, base="team_lunch", id="my_lunch-v1", name="My team lunch"):
+    """A user's scenario file outside the package: a copy of a shipped one with its own id and name."""
+    import yaml
+
+    from socialworld.spec import builtin_scenario_files
+
+    (src,) = [p for p in builtin_scenario_files() if p.stem == base]
+    data = yaml.safe_load(src.read_text())
+    data.update(id=id, name=name)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def my_lunch(tmp_path):
+    """Path of a user scenario file ``my_lunch-v1`` (L0) in ``tmp_path/user``."""
+    (tmp_path / "user").mkdir()
+    return write_user_scenario(tmp_path / "user" / "my_lunch.yaml")

@@ -51,3 +51,32 @@ def test_methods_suite_shares_the_untrained_data(tiny, tmp_path):
     manifest = json.loads((tmp_path / "s" / "methods" / "M4-full" / "manifest.json").read_text())["artifacts"]
     assert manifest["cycle-1/wake/episodes.jsonl"]["producer"].startswith("copied:")
     assert "| M2-grpo |" in (tmp_path / "s" / "methods" / "suite.md").read_text()
+
+
+def test_bench_smoke_on_a_user_scenario_file(tiny, tmp_path, my_lunch):
+    from socialworld.spec import load_spec
+
+    cfg = BenchConfig(out=str(tmp_path / "b"), model=tiny, preset="smoke", cycles=2, lm_batch_size=4, resamples=1000,
+                      scenarios=(str(my_lunch), "book_club"))
+    res = run_bench(cfg, log=lambda _: None)
+    # the user's L0 scenario unlocks in cycle 1, the shipped L1 one in cycle 2; every arm on the same episodes
+    for arm in ("A", "B", "C", "oracle", "random"):
+        assert [sorted(e.scenario_id for e in res.per_cycle[arm][c]) for c in (1, 2)] == [
+            ["my_lunch-v1"], ["book_club-v1", "my_lunch-v1"]], arm
+    cap = PRESETS["smoke"].max_turns
+    assert all(0 < len(e.steps) <= cap for e in res.per_cycle["B"][2])
+    assert (tmp_path / "b" / "loop" / "scenarios" / "my_lunch-v1.yaml").is_file()
+    assert res.doc["config"]["scenarios"] == ["my_lunch-v1", "book_club"]
+    # resumed by id without the file: nothing re-run, the same document
+    mine = load_spec(my_lunch)
+    my_lunch.unlink()
+    logs = []
+    again = run_bench(BenchConfig(**{**cfg.__dict__, "scenarios": ("my_lunch-v1", "book_club")}), log=logs.append)
+    assert again.doc == res.doc and not any("wake" in m or "evaluated" in m for m in logs)
+    # a different file under the same id is refused before any work
+    from conftest import write_user_scenario
+
+    changed = write_user_scenario(tmp_path / "changed.yaml", name="Changed")
+    assert load_spec(changed).content_hash != mine.content_hash
+    with pytest.raises(ValueError, match="differs from the copy the run"):
+        run_bench(BenchConfig(**{**cfg.__dict__, "scenarios": (str(changed), "book_club")}), log=lambda _: None)

@@ -100,3 +100,43 @@ def test_check_prints_warnings_without_failing(tmp_path):
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[0].startswith("ok team_lunch-v1: ")
     assert "warning: events[0].tag: no option carries the tag '[snowy]'" in r.output, r.output
+
+
+def test_loop_and_bench_take_scenario_files(monkeypatch, my_lunch):
+    seen = []
+    monkeypatch.setattr("socialworld.loop.run_loop", lambda cfg, **_: seen.append(cfg) or [])
+    r = runner.invoke(app, ["loop", "--scenario", str(my_lunch), "--scenario", "team_lunch", "--out", "x"])
+    assert r.exit_code == 0, r.output
+    assert seen.pop().scenarios == (str(my_lunch), "team_lunch")
+    monkeypatch.setattr("socialworld.bench.run_bench", lambda cfg, **_: seen.append(cfg) or 1 / 0)
+    r = runner.invoke(app, ["bench", "--preset", "smoke", "--scenario", str(my_lunch), "--out", "x"])
+    assert isinstance(r.exception, ZeroDivisionError)  # the stub ran
+    assert seen.pop().scenarios == (str(my_lunch),)
+    for cmd in ("loop", "bench", "tom"):
+        assert "--scenario" in runner.invoke(app, [cmd, "--help"]).output
+
+
+def test_unknown_or_bad_scenarios_fail_before_any_work(tmp_path, my_lunch):
+    from conftest import write_user_scenario
+
+    no_model = str(tmp_path / "no-model")  # would fail loudly, never load a real model, if work started
+    cases = [
+        (["loop", "--scenario", "no_such"], "unknown scenario 'no_such'"),
+        (["loop", "--scenario", str(tmp_path / "missing.yaml")], f"{tmp_path / 'missing.yaml'}: no such file"),
+        (["loop", "--scenario", str(write_user_scenario(tmp_path / "l1.yaml", base="book_club", id="my_club-v1"))],
+         "no scenario of tier(s) L0 among my_club-v1 (L1)"),
+        (["bench", "--preset", "smoke", "--scenario", "no_such"], "unknown scenario 'no_such'"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "run"
+        r = runner.invoke(app, [*args, "--model", no_model, "--out", str(out)])
+        assert r.exit_code == 2 and message in " ".join(r.output.split()), (args, r.output)
+        assert not out.exists(), args
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(my_lunch.read_text().replace("turn_budget:", "turn_budget: -1\nx_turn_budget:"))
+    r = runner.invoke(app, ["loop", "--scenario", str(bad), "--model", no_model, "--out", str(tmp_path / "run")])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and f"{bad}: invalid scenario spec field turn_budget: Input should be greater than 0" in text
+    assert not (tmp_path / "run").exists()
+    r = runner.invoke(app, ["tom", "--scenario", "no_such", "--model", no_model, "--out", str(tmp_path / "tom")])
+    assert r.exit_code == 2 and "unknown scenario 'no_such'" in r.output and not (tmp_path / "tom").exists()

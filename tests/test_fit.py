@@ -114,3 +114,44 @@ def test_fit_command_reads_a_pairs_file(lunch, labels, tmp_path):
     assert r.exit_code == 2 and "takes no adapter" in r.output
     r = CliRunner().invoke(app, ["fit", str(tmp_path / "none.parquet"), "--model", "expert"])
     assert r.exit_code == 2 and "no such pairs file" in " ".join(r.output.split())
+
+
+def test_fit_finds_a_user_scenario_in_its_run_or_given_file(my_lunch, tmp_path):
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from socialworld.cli import app
+    from socialworld.sleep import write_pairs
+    from socialworld.spec import capped, load_spec, spec_yaml
+
+    mine = capped(load_spec(my_lunch), 6)  # as in a run with max_turns 6: its snapshots need the capped spec
+    ep = run_episodes(make_policy("random", seed=3), [EpisodeJob(mine, 11)])[0]
+    cfg = SleepConfig(rollouts=1, horizon=2, max_candidates=4, wake_chosen="continuation", label_gate="disagree")
+    pairs = action_pairs(mine, ep, cfg, GatingReport())
+    assert pairs and {p.scenario_id for p in pairs} == {"my_lunch-v1"}
+    want = action_fit(make_policy("expert"), pairs, {mine.id: mine}).as_dict()
+    # inside a run folder: the run's stored copy at the run's turn cap, no file needed
+    run = tmp_path / "run"
+    (run / "scenarios").mkdir(parents=True)
+    (run / "scenarios" / "my_lunch-v1.yaml").write_text(spec_yaml(load_spec(my_lunch)))
+    (run / "config.yaml").write_text(yaml.safe_dump({"max_turns": 6, "user_scenarios": {"my_lunch-v1": load_spec(my_lunch).content_hash}}))
+    (run / "manifest.json").write_text("{}")
+    (run / "cycle-1" / "sleep").mkdir(parents=True)
+    inside = run / "cycle-1" / "sleep" / "pairs-action.parquet"
+    write_pairs(inside, pairs)
+    my_lunch.unlink()  # the user's file is gone
+    r = CliRunner().invoke(app, ["fit", str(inside), "--model", "expert", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == want
+    # outside a run: the file must be given
+    outside = tmp_path / "pairs-action.parquet"
+    write_pairs(outside, pairs)
+    r = CliRunner().invoke(app, ["fit", str(outside), "--model", "expert", "--json"])
+    assert r.exit_code == 2 and "unknown scenario 'my_lunch-v1'" in r.output
+    again = tmp_path / "again.yaml"
+    again.write_text(spec_yaml(mine))
+    r = CliRunner().invoke(app, ["fit", str(outside), "--model", "expert", "--json", "--scenario", str(again)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == want

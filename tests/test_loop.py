@@ -4,6 +4,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import yaml
 
 pytest.importorskip("trl")
 pytestmark = pytest.mark.slow  # trains LoRA adapters with TRL (~1 min on 2 cores)
@@ -160,3 +161,53 @@ def _without_latency(path):
         for s in e["steps"]:
             s["policy"]["latency_s"] = 0.0
     return eps
+
+
+def test_loop_on_a_user_scenario_file(tmp_path, my_lunch):
+    from typer.testing import CliRunner
+
+    from socialworld.cli import app
+    from socialworld.records import read_jsonl
+    from socialworld.sleep import read_pairs
+    from socialworld.spec import load_spec
+
+    tiny_dir = tiny_lm(tmp_path / "tiny")
+    run = tmp_path / "run"
+    mine = load_spec(my_lunch)
+    cfg = replace(_cfg(tiny_dir, run), cycles=1, scenarios=(str(my_lunch),))
+    full = run_loop(cfg, log=lambda _: None)
+    for rel in ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycle-1/eval/episodes.jsonl"):
+        eps = read_jsonl(run / rel)
+        assert eps and {(e.scenario_id, e.lineage.spec_hash) for e in eps} == {("my_lunch-v1", mine.content_hash)}, rel
+    # the run keeps the spec: stored in the manifest, its hash and id (not the path) in the config
+    assert load_spec(run / "scenarios" / "my_lunch-v1.yaml").content_hash == mine.content_hash
+    assert "scenarios/my_lunch-v1.yaml" in json.loads((run / "manifest.json").read_text())["artifacts"]
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    assert stored["scenarios"] == ["my_lunch-v1"] and stored["user_scenarios"] == {"my_lunch-v1": mine.content_hash}
+    pairs = read_pairs(run / "cycle-1/sleep/pairs-action.parquet")
+    assert pairs and {p.scenario_id for p in pairs} == {"my_lunch-v1"}
+
+    # the file moves away: resume by id, re-gate and fit with the run's own copy
+    text = my_lunch.read_text()
+    my_lunch.unlink()
+    logs = []
+    assert run_loop(replace(cfg, scenarios=("my_lunch",)), log=logs.append) == full
+    assert not any("wake" in m for m in logs)
+    r = CliRunner().invoke(app, ["gate", str(run), "--threshold", "1.01"])
+    assert r.exit_code == 0, r.output
+    assert loop_mod.regate(run, 1, {})["run"]["same_as_run"]
+    r = CliRunner().invoke(app, ["fit", str(run / "cycle-1/sleep/pairs-action.parquet"), "--model", "expert", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["pairs"] == len(pairs)
+
+    # a changed file is refused, by path (before any work) or as a tampered stored copy
+    my_lunch.write_text(text.replace("My team lunch", "My changed lunch"))
+    with pytest.raises(ValueError, match="my_lunch.yaml: scenario my_lunch-v1 differs from the copy the run"):
+        run_loop(cfg)
+    my_lunch.write_text(text)
+    assert run_loop(cfg, log=lambda _: None) == full  # the same content by path resumes
+    copy = run / "scenarios" / "my_lunch-v1.yaml"
+    copy.write_text(copy.read_text().replace("My team lunch", "My changed lunch"))
+    for call in (lambda: run_loop(replace(cfg, scenarios=("my_lunch-v1",))), lambda: loop_mod.regate(run, 1, {})):
+        with pytest.raises(ValueError, match="my_lunch-v1.yaml: changed since the run was made"):
+            call()

@@ -69,8 +69,10 @@ def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
     """A run folder scored under metrics-v1 (its config has no metrics_contract) is never resumed
     by a version that scores under metrics-v2: its numbers would be mixed with ours."""
     from socialworld.loop import LoopConfig, config_doc
+    from socialworld.spec import run_scenarios
 
-    doc = config_doc(LoopConfig(out=str(tmp_path)))
+    cfg = LoopConfig(out=str(tmp_path))
+    doc = config_doc(cfg, run_scenarios(list(cfg.scenarios), cfg.tiers, tmp_path))
     assert doc["metrics_contract"] == "metrics-v2"
     legacy = {k: v for k, v in doc.items() if k != "metrics_contract"}
     RunDir(tmp_path).write_config(legacy)

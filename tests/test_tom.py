@@ -199,3 +199,25 @@ def test_world_episodes_as_stories():
     assert late and all(q.answer in s.containers for s in stories for q in s.questions)
     results = parse_s3ap(ScriptedS3APParser(), [s.text for s in stories])
     assert all(parser_quality(r, s.reference)["quality"] == 1.0 for r, s in zip(results, stories))
+
+
+def test_tom_world_stories_from_a_user_scenario_file(my_lunch, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from socialworld import tom as tom_mod
+    from socialworld.cli import app
+    from socialworld.spec import load_spec
+
+    mine = load_spec(my_lunch)
+    real = tom_mod.evaluate_tom  # the command with a backend that answers nothing: only the stories matter here
+    monkeypatch.setattr(tom_mod, "evaluate_tom", lambda cfg: real(cfg, backend=ErrorBackend()))
+    r = CliRunner().invoke(app, ["tom", "--stories", "1", "--max-retries", "0", "--world-stories", "1",
+                                 "--scenario", str(my_lunch), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "out" / "tom.json").read_text())
+    assert doc["world"]["stories"] == 1 and doc["world"]["scenarios"] == {"my_lunch-v1": mine.content_hash}
+    assert doc["world"]["parser"]["scripted"]["quality"]["mean"] == 1.0
+    rows = [json.loads(line) for line in (tmp_path / "out" / "answers.jsonl").read_text().splitlines()]
+    world = {r["story"] for r in rows if r["story"].startswith("world-")}
+    assert world == {s.id for s in world_stories(0, 1, specs=[mine])} and len(world) == 1
+    assert all(w.startswith("world-my_lunch-v1-") for w in world)

@@ -28,13 +28,13 @@ from .diagnostics import coverage, failure_counts
 from .evaluate import episode_seeds
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
 from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
-from .loop import LoopConfig, Progress, config_doc, run_loop
+from .loop import LoopConfig, Progress, run_loop
 from .policies import SCRIPTED, make_policy
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
-from .rundir import RunDir
+from .rundir import CONTRACT_KEY, RunDir
 from .runner import EpisodeJob, run_episodes
 from .sleep import SleepConfig
-from .spec import resolve_scenarios
+from .spec import RunScenarios, capped, run_scenarios
 from .stats import PASS, SOLVE, metric_interval, paired_difference
 from .train import TrainConfig
 
@@ -85,21 +85,44 @@ class BenchConfig:
     seed: int = field(default=0, metadata={"help": "run seed (evaluation, training and bootstrap seeds derive from it)"})
     lm_batch_size: int = field(default=48, metadata={"help": "prompts per forward pass (48: the default preset's whole lockstep batch; 12 and 48 measured within noise of each other on a 2-core CPU)"})
     resamples: int = field(default=10_000, metadata={"help": "bootstrap resamples per interval"})
+    scenarios: tuple[str, ...] = field(default=(), metadata={"help": (
+        "scenario ids or YAML paths of your own (repeatable), instead of the preset's; each unlocks with its tier "
+        "(the preset's budget stays)")})
+
+    def scenario_names(self) -> tuple[str, ...]:
+        return tuple(self.scenarios) or PRESETS[self.preset].scenarios
 
     def loop_config(self, **over) -> LoopConfig:
         p = PRESETS[self.preset]
         base = LoopConfig(out=str(Path(self.out) / "loop"), model=self.model, cycles=self.cycles, tiers=TIERS,
                           train_episodes=p.train_episodes, eval_episodes=p.eval_episodes, seed=self.seed,
                           lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock,
-                          adaptive_threshold=self.adaptive_threshold, scenarios=p.scenarios, max_turns=p.max_turns,
+                          adaptive_threshold=self.adaptive_threshold, scenarios=self.scenario_names(), max_turns=p.max_turns,
                           sleep=SleepConfig(), train=TrainConfig(method="dpo", steps=p.steps, batch_size=p.batch_size))
         return replace(base, **over)
 
 
-def eval_jobs(cfg: BenchConfig) -> list[EpisodeJob]:
+def bench_scenarios(cfg: BenchConfig, loop_dir: str | Path) -> RunScenarios:
+    """The bench's scenarios, checked before any work starts; ids also name the user scenarios its
+    loop (in ``loop_dir``) stored, so a bench is resumed without the user's files."""
+    return run_scenarios(cfg.scenario_names(), TIERS, loop_dir)
+
+
+def _config_doc(cfg: BenchConfig, scenarios: RunScenarios) -> dict:
+    """The bench's config as recorded: scenario paths replaced by ids, user scenarios' content
+    hashes, and the metrics contract the run is scored under."""
+    named = replace(cfg, scenarios=scenarios.names if cfg.scenarios else ())
+    return json.loads(json.dumps(asdict(named))) | {"user_scenarios": scenarios.user, CONTRACT_KEY: METRICS_CONTRACT}
+
+
+ADDED_FIELDS = {"scenarios": [], "user_scenarios": {}}
+"""Config fields added after bench runs were written (see ``socialworld.loop.ADDED_FIELDS``)."""
+
+
+def eval_jobs(cfg: BenchConfig, scenarios: RunScenarios | None = None) -> list[EpisodeJob]:
     """Every evaluation episode any cycle may run: the same seeds for every arm."""
     p = PRESETS[cfg.preset]
-    specs = resolve_scenarios(list(p.scenarios) or None, list(TIERS), p.max_turns)
+    specs = [capped(s, p.max_turns) for s in (scenarios or bench_scenarios(cfg, Path(cfg.out) / "loop")).specs]
     return [EpisodeJob(s, seed) for s in specs for seed in episode_seeds(cfg.seed, s.id, p.eval_episodes)]
 
 
@@ -124,11 +147,12 @@ def _subset(eps: Sequence[EpisodeRecord], tiers: Sequence[str]) -> list[EpisodeR
 
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> BenchResult:
-    run = RunDir(cfg.out)
-    run.write_config(config_doc(cfg))
-    summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
     loop_dir = Path(cfg.out) / "loop"
-    jobs = eval_jobs(cfg)
+    scenarios = bench_scenarios(cfg, loop_dir)  # checked before the run folder is made
+    run = RunDir(cfg.out)
+    run.write_config(_config_doc(cfg, scenarios), defaults=ADDED_FIELDS)
+    summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
+    jobs = eval_jobs(cfg, scenarios)
     static: dict[str, list[EpisodeRecord]] = {"A": read_jsonl(loop_dir / "cycle-0/eval/episodes.jsonl")}
     for arm, spec in arm_policies(cfg).items():
         rel = f"arms/{arm}/episodes.jsonl"
@@ -146,7 +170,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
         per_cycle["B"][c] = read_jsonl(loop_dir / f"cycle-{c}/eval/episodes.jsonl")
         for arm, eps in static.items():
             per_cycle[arm][c] = _subset(eps, tiers)
-    doc = bench_document(cfg, tiers_per_cycle, per_cycle, summaries)
+    doc = bench_document(replace(cfg, scenarios=scenarios.names if cfg.scenarios else ()), tiers_per_cycle, per_cycle, summaries)
     run.produce("bench.json", "bench", lambda p: atomic_write_text(p, json.dumps(doc, indent=1, sort_keys=True) + "\n"),
                 inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)])
     from .report import write_reports
@@ -237,8 +261,9 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
     kw = {"seed": cfg.seed, "resamples": cfg.resamples}
+    scenarios = bench_scenarios(cfg, Path(cfg.out) / suite / next(iter(SUITES[suite])))  # the first variant's loop
     run = RunDir(Path(cfg.out) / suite)
-    run.write_config(config_doc(cfg))
+    run.write_config(_config_doc(cfg, scenarios), defaults=ADDED_FIELDS)
     rows: dict[str, dict] = {}
     first = ""
     for name in SUITES[suite]:
@@ -264,7 +289,7 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
             "forgetting": forgetting(r),
             "pairs": [s["pairs"] for s in summaries], "excluded": [s["excluded"] for s in summaries],
         }
-    doc = {"version": BENCH_VERSION, "metrics_contract": METRICS_CONTRACT, "suite": suite, "config": json.loads(json.dumps(asdict(cfg))),
+    doc = {"version": BENCH_VERSION, "metrics_contract": METRICS_CONTRACT, "suite": suite, "config": _config_doc(cfg, scenarios),
            "preset": asdict(PRESETS[cfg.preset]), "variants": rows}
     from .report import suite_markdown
 

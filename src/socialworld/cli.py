@@ -164,6 +164,7 @@ def check(
 def loop_cmd(
     cycles: int = typer.Option(1, help=help_for(_LoopConfig(), "cycles")),
     tiers: Optional[list[str]] = typer.Option(None, "--tiers", help=help_for(_LoopConfig(), "tiers") + " [default: L0]"),
+    scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=help_for(_LoopConfig(), "scenarios")),
     model: str = typer.Option("bundled", help=help_for(_LoopConfig(), "model")),
     out: str = typer.Option("runs/loop", help=help_for(_LoopConfig(), "out")),
     train_episodes: int = typer.Option(4, help=help_for(_LoopConfig(), "train_episodes")),
@@ -198,7 +199,7 @@ def loop_cmd(
     from .train import TrainConfig
 
     tiers = [t for x in (tiers or ["L0"]) for t in x.split(",") if t]
-    cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), train_episodes=train_episodes,
+    cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), scenarios=tuple(scenario or ()), train_episodes=train_episodes,
                      eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
                      unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged,  # type: ignore[arg-type]
                      sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold, reference_pairs=reference_pairs,  # type: ignore[arg-type]
@@ -225,7 +226,7 @@ def loop_cmd(
 
 @app.command("gate")
 def gate_cmd(
-    run: str = typer.Argument(..., help="a loop run folder"),
+    run: str = typer.Argument(..., help="a loop run folder (its user scenarios are read from RUN/scenarios/)"),
     cycle: int = typer.Option(1, help="the cycle whose wake episodes are re-screened"),
     threshold: Optional[list[float]] = typer.Option(None, "--threshold", help="a quality threshold variant (repeatable)"),
     off: bool = typer.Option(True, help="include the gating-off variant"),
@@ -246,7 +247,7 @@ def gate_cmd(
         variants["gating off"] = replace(own, gating="off")
     try:
         result = regate(run, cycle, variants)
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         _fail(str(err))
         return
     t = Table(title=escape(f"gating variants: {run} cycle {cycle}"))
@@ -265,6 +266,9 @@ def fit_cmd(
     model: str = typer.Option("bundled", help="policy: expert, random, bundled, or a local model path"),
     adapter: str = typer.Option("", help="a LoRA adapter folder deployed on the action track, e.g. RUN/cycle-1/train/action/adapter"),
     batch: int = typer.Option(16, help="states per forward pass"),
+    scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=(
+        "a YAML path of a scenario the pairs name (repeatable); needed only for pairs outside a run folder "
+        "(a run's own scenarios are read from RUN/scenarios/)")),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Training fit: restore each pair's state and count how often the policy takes the chosen
@@ -272,7 +276,7 @@ def fit_cmd(
     from .fit import fit_file
 
     try:
-        f = fit_file(pairs, model, adapter or None, batch)
+        f = fit_file(pairs, model, adapter or None, batch, scenarios=tuple(scenario or ()))
     except (ValueError, OSError) as err:
         _fail(str(err))
         return
@@ -321,6 +325,7 @@ def bench_cmd(
     adaptive_threshold: float = typer.Option(0.5, help=help_for(_BenchConfig(), "adaptive_threshold")),
     cycles: int = typer.Option(3, help=help_for(_BenchConfig(), "cycles")),
     seed: int = typer.Option(0, help=help_for(_BenchConfig(), "seed")),
+    scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=help_for(_BenchConfig(), "scenarios")),
     suite: str = typer.Option("main", help="main (arms A, B, C and references), methods (M0-M4) or ablations (E0-E6)"),
 ) -> None:
     """ASCENT-Bench: arms A (untrained), B (closed loop), C (proxy or expert), oracle and random
@@ -332,7 +337,7 @@ def bench_cmd(
     if preset not in PRESETS:
         _fail(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     cfg = BenchConfig(out=out, model=model, preset=preset, proxy=proxy, unlock=unlock, adaptive_threshold=adaptive_threshold,  # type: ignore[arg-type]
-                      cycles=cycles, seed=seed)
+                      cycles=cycles, seed=seed, scenarios=tuple(scenario or ()))
     if suite in SUITES:
         _with_bars(lambda progress: run_suite(cfg, suite, log=_say, progress=progress))
         _say((Path(out) / suite / "suite.md").read_text())
@@ -362,6 +367,7 @@ def tom_cmd(
     parse_tokens: int = typer.Option(384, help=help_for(TomConfig, "parse_tokens")),
     batch_size: int = typer.Option(8, help=help_for(TomConfig, "batch_size")),
     world_stories: int = typer.Option(8, help=help_for(TomConfig, "world_stories")),
+    scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=help_for(TomConfig, "scenarios")),
     out: str = typer.Option("runs/tom", help=help_for(TomConfig, "out")),
 ) -> None:
     """Theory of mind on generated Sally-Anne stories: S3AP parser quality (the model and a scripted
@@ -371,8 +377,12 @@ def tom_cmd(
 
     cfg = TomConfig(model=model, stories=stories, agents=agents, extra_events=extra_events, seed=seed,
                     max_retries=max_retries, parse_tokens=parse_tokens, batch_size=batch_size, world_stories=world_stories,
-                    out=out)
-    doc = evaluate_tom(cfg)
+                    scenarios=tuple(scenario or ()), out=out)
+    try:
+        doc = evaluate_tom(cfg)
+    except ScenarioError as err:
+        _fail(str(err))
+        return
     _tom_tables(f"{stories} generated stories", doc)
     if doc["world"]:
         _tom_tables(f"{doc['world']['stories']} stories from world episodes", doc["world"])

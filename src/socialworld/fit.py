@@ -87,18 +87,34 @@ def action_fit(policy: Policy, pairs: Sequence[Pair], specs: Mapping[str, Scenar
     )
 
 
-def fit_file(pairs: str | Path, policy: str = "bundled", adapter: str | Path | None = None, batch: int = 16) -> ActionFit:
+def run_folder_of(path: str | Path) -> Path | None:
+    """The loop run folder a file lies in (the nearest parent with ``config.yaml`` and ``manifest.json``)."""
+    for d in Path(path).resolve().parents:
+        if (d / "config.yaml").is_file() and (d / "manifest.json").is_file():
+            return d
+    return None
+
+
+def fit_file(pairs: str | Path, policy: str = "bundled", adapter: str | Path | None = None, batch: int = 16,
+             scenarios: Sequence[str] = ()) -> ActionFit:
     """:func:`action_fit` of a policy spec (``expert``, ``bundled``, a model path; with
     ``adapter``, that LoRA adapter deployed on the action track) on an action pairs Parquet file
-    (e.g. a loop run's ``cycle-c/sleep/pairs-action.parquet``) over the shipped scenarios."""
+    (e.g. a loop run's ``cycle-c/sleep/pairs-action.parquet``). The pairs' scenario ids name the
+    YAML files in ``scenarios`` first, then, for a file inside a run folder, the user scenarios
+    that run stored (at the run's turn cap), then the shipped ones."""
+    import yaml
+
     from .policies import SCRIPTED, make_policy
     from .sleep import read_pairs
-    from .spec import load_builtin_scenarios
+    from .spec import specs_for
 
     if not Path(pairs).is_file():
         raise ValueError(f"{pairs}: no such pairs file")
     if policy in SCRIPTED and adapter is not None:
         raise ValueError(f"{policy} is a scripted policy: it takes no adapter")
+    rows = read_pairs(pairs)
+    run = run_folder_of(pairs)
+    max_turns = int((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("max_turns", 0)) if run else 0
+    specs = specs_for({p.scenario_id for p in rows}, run_dir=run, files=scenarios, max_turns=max_turns)
     built = make_policy(policy, batch_size=batch, adapters={"action": str(adapter)} if adapter else None)
-    specs = {s.id: s for s in load_builtin_scenarios().values()}
-    return action_fit(built, read_pairs(pairs), specs, batch=batch)
+    return action_fit(built, rows, specs, batch=batch)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
@@ -42,7 +42,7 @@ from .rng import derive_seed
 from .rundir import CONTRACT_KEY, LEGACY_CONTRACT, RunDir, with_defaults
 from .runner import EpisodeJob, run_episodes
 from .sleep import GatingReport, SleepConfig, add_replay, candidate_pairs, read_pairs, screen_and_gate, write_pairs
-from .spec import resolve_scenarios
+from .spec import SCENARIO_STORE, RunScenarios, capped, resolve_scenarios, run_scenarios, spec_yaml
 from .stats import paired_difference
 from .templates import POLICY_PROMPT_VERSION
 from .train import TrainConfig, grpo_rows, train_adapter
@@ -57,7 +57,9 @@ class LoopConfig:
     model: str = field(default="bundled", metadata={"help": "base model: bundled or a local folder"})
     cycles: int = field(default=1, metadata={"help": "wake-sleep-train-deploy cycles"})
     tiers: tuple[str, ...] = field(default=("L0",), metadata={"help": "tiers trained and evaluated"})
-    scenarios: tuple[str, ...] = field(default=(), metadata={"help": "a subset of scenario ids (default: every scenario of the tiers)"})
+    scenarios: tuple[str, ...] = field(default=(), metadata={"help": (
+        "scenario ids or YAML paths of your own (repeatable; default: the shipped scenarios of the tiers); "
+        "the run stores each file's spec and is resumed by id without it")})
     train_episodes: int = field(default=4, metadata={"help": "wake episodes per scenario per cycle (training seeds)"})
     eval_episodes: int = field(default=3, metadata={"help": "evaluation episodes per scenario (fixed held-out seeds)"})
     seed: int = field(default=0, metadata={"help": "run seed"})
@@ -92,20 +94,23 @@ def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int
 
 UNTRAINED = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycle-1/wake/reference.jsonl")
 """Artifacts made by the untrained policy alone: the same in every run of the same model and seeds."""
-EVAL_KEYS = ("model", "tiers", "scenarios", "eval_episodes", "seed", "max_turns")
+EVAL_KEYS = ("model", "tiers", "scenarios", "user_scenarios", "eval_episodes", "seed", "max_turns")
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
-ADDED_FIELDS = {"max_turns": 0, "sleep": {"reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin"}}
+ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "sleep": {"reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin"}}
 """Config fields added after runs were written, each with the value that behaves as the code did
 before it: a stored config without one resumes as if it had that value. (Not every default
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""
 
 
-def config_doc(cfg) -> dict:
-    """A run's ``config.yaml``: the config's fields plus the metrics contract it is scored under."""
-    return {**json.loads(json.dumps(asdict(cfg))), CONTRACT_KEY: METRICS_CONTRACT}
+def config_doc(cfg: LoopConfig, scenarios: RunScenarios) -> dict:
+    """What ``config.yaml`` records: the config with each scenario path replaced by its id, and
+    ``user_scenarios`` (id -> content hash of each user scenario, whose spec is stored in
+    ``RUN/scenarios/<id>.yaml``), so a changed file can never be resumed silently; and the metrics contract the run is scored under."""
+    return json.loads(json.dumps(asdict(replace(cfg, scenarios=scenarios.names)))) | {
+        "user_scenarios": scenarios.user, CONTRACT_KEY: METRICS_CONTRACT}
 
 
-def _reuse(run: RunDir, cfg: LoopConfig) -> None:
+def _reuse(run: RunDir, cfg: LoopConfig, mine: dict) -> None:
     """Copy the untrained policy's artifacts from ``cfg.reuse_from``: the cycle-0 evaluation when
     model, scenarios, eval episodes and seed match; cycle 1's wake when, besides, the training
     episodes and cycle 1's tiers match. Each must be complete there, and made under this code's
@@ -115,9 +120,8 @@ def _reuse(run: RunDir, cfg: LoopConfig) -> None:
     if not Path(cfg.reuse_from, "manifest.json").exists():
         raise ValueError(f"--reuse-from {cfg.reuse_from}: not a run folder (no manifest.json)")
     src = RunDir(cfg.reuse_from)
-    defaults = json.loads(json.dumps(asdict(LoopConfig())))  # a field added later has its default there
+    defaults = json.loads(json.dumps(asdict(LoopConfig()))) | {"user_scenarios": {}}  # a field added later has its default there
     theirs = with_defaults(yaml.safe_load(src.path("config.yaml").read_text()), defaults)
-    mine = json.loads(json.dumps(asdict(cfg)))
     if theirs.get(CONTRACT_KEY, LEGACY_CONTRACT) != METRICS_CONTRACT:
         raise ContractMismatch(f"--reuse-from {cfg.reuse_from}: scored under {theirs.get(CONTRACT_KEY, LEGACY_CONTRACT)}, "
                                f"this version scores under {METRICS_CONTRACT}; its artifacts cannot be mixed with this run's")
@@ -194,11 +198,16 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         if held and run.produce(nxt, "wake", lambda p: write_jsonl(p, held), inputs=inputs):
             log(f"cycle {c + 1}: wake {len(held)} episodes (in cycle {c}'s evaluation rollout)")
 
+    scenarios = run_scenarios(cfg.scenarios, cfg.tiers, cfg.out)  # checked before the run folder is made
     run = RunDir(cfg.out)
-    run.write_config(config_doc(cfg), may_grow=("cycles",), defaults=ADDED_FIELDS)
-    specs = {s.id: s for s in resolve_scenarios(list(cfg.scenarios) or None, list(cfg.tiers), cfg.max_turns)}
+    doc = config_doc(cfg, scenarios)
+    run.write_config(doc, may_grow=("cycles",), defaults=ADDED_FIELDS)
+    for s in scenarios.specs:
+        if s.id in scenarios.user:
+            run.produce(f"{SCENARIO_STORE}/{s.id}.yaml", "scenario", lambda p, s=s: atomic_write_text(p, spec_yaml(s)))
+    specs = {s.id: capped(s, cfg.max_turns) for s in scenarios.specs}
     if cfg.reuse_from:
-        _reuse(run, cfg)
+        _reuse(run, cfg, doc)
     adapters: dict[str, str] | None = None
     summaries: list[dict] = []
     if cfg.baseline:  # every tier that may unlock: the untrained policy is the same in every cycle
@@ -323,7 +332,8 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
             raise ValueError(f"{run.root}: {rel} is missing or incomplete")
     wake = read_jsonl(run.path(f"{d}/wake/episodes.jsonl"))
     ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(f"{d}/wake/reference.jsonl"))}
-    specs = {s.id: s for s in resolve_scenarios(sorted({e.scenario_id for e in wake}), max_turns=cfg_doc.get("max_turns", 0))}
+    specs = {s.id: s for s in resolve_scenarios(sorted({e.scenario_id for e in wake}), max_turns=cfg_doc.get("max_turns", 0),
+                                                run_dir=run_dir)}
     build = GatingReport()
     pairs = candidate_pairs(specs, wake, ref, own, build)
     built = {p.id for p in pairs}  # the run's files also hold pairs replayed from earlier cycles

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .rng import WorldRNG, derive_seed
 from .s3ap import S3AP_VERSION, S3APDocument, S3APStep
+from .spec import ScenarioSpec
 from .templates import (
     TOM_PARSE_RETRY, TOM_PARSE_SYSTEM, TOM_PROMPT_VERSION, TOM_QA_S3AP, TOM_QA_SYSTEM, TOM_QA_USER, TOM_QUESTIONS,
     TOM_SENTENCES, TOM_STORY_VERSION, WORLD_NOTHING, WORLD_ORGANISER, WORLD_QA_SYSTEM, WORLD_QUESTIONS, WORLD_SENTENCES,
@@ -274,14 +275,14 @@ def world_story(ep) -> Story | None:
                  sentences=[_world_sentence(e) for e in events], questions=questions, reference=reference)
 
 
-def world_stories(seed: int, n: int, policy: str = "expert") -> list[Story]:
-    """``n`` stories from episodes of ``policy`` over the shipped scenarios in turn (episodes
-    without a proposal are skipped; at most ``4 n`` episodes are tried)."""
+def world_stories(seed: int, n: int, policy: str = "expert", specs: Sequence[ScenarioSpec] | None = None) -> list[Story]:
+    """``n`` stories from episodes of ``policy`` over ``specs`` (default: the shipped scenarios)
+    in turn (episodes without a proposal are skipped; at most ``4 n`` episodes are tried)."""
     from .policies import make_policy
     from .runner import EpisodeJob, run_episodes
     from .spec import load_builtin_scenarios
 
-    specs = sorted(load_builtin_scenarios().values(), key=lambda s: (s.tier, s.id))
+    specs = sorted(specs or load_builtin_scenarios().values(), key=lambda s: (s.tier, s.id))
     jobs = [EpisodeJob(specs[i % len(specs)], derive_seed(seed, "tom-world", i)) for i in range(4 * n)]
     out: list[Story] = []
     for ep in run_episodes(make_policy(policy, seed=seed), jobs):
@@ -478,6 +479,8 @@ class TomConfig:
     parse_tokens: int = field(default=384, metadata={"help": "most new tokens per parser reply"})
     batch_size: int = field(default=8, metadata={"help": "prompts per forward pass"})
     world_stories: int = field(default=8, metadata={"help": "stories from expert episodes of our own world (the second source; 0: none)"})
+    scenarios: tuple[str, ...] = field(default=(), metadata={"help": (
+        "scenario ids or YAML paths of your own the world stories come from (repeatable; default: the shipped scenarios)")})
     out: str = field(default="runs/tom", metadata={"help": "folder for tom.json and answers.jsonl"})
 
 
@@ -517,8 +520,10 @@ def evaluate_tom(cfg: TomConfig, backend=None) -> dict:
     from pathlib import Path
 
     from .records import atomic_write_text
+    from .spec import resolve_scenarios
     from .stats import bootstrap
 
+    specs = resolve_scenarios(list(cfg.scenarios) or None) if cfg.world_stories > 0 else []  # checked before the model loads
     if backend is None:
         from .lm import make_backend
 
@@ -529,12 +534,13 @@ def evaluate_tom(cfg: TomConfig, backend=None) -> dict:
         return bootstrap(values, seed=cfg.seed).as_dict()
 
     parser_rows, qa, rows = _evaluate_source(backend, stories, cfg.max_retries, iv)
-    world = world_stories(cfg.seed, cfg.world_stories) if cfg.world_stories > 0 else []
+    world = world_stories(cfg.seed, cfg.world_stories, specs=specs) if cfg.world_stories > 0 else []
     world_doc = None
     if world:
         w_parser, w_qa, w_rows = _evaluate_source(backend, world, cfg.max_retries, iv)
         rows += w_rows
         world_doc = {"story_version": WORLD_STORY_VERSION, "stories": len(world), "parser": w_parser, "qa": w_qa,
+                     "scenarios": {s.id: s.content_hash for s in specs},
                      "questions": len(w_rows) // len(S3AP_SOURCES)}
     doc = {"prompt_version": TOM_PROMPT_VERSION, "story_version": TOM_STORY_VERSION, "model": getattr(backend, "name", cfg.model),
            "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "parser": parser_rows, "qa": qa,
