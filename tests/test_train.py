@@ -21,7 +21,7 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pairs(specs):
     lunch = specs["team_lunch-v1"]
-    ep = run_episodes(make_policy("random", seed=3), [EpisodeJob(lunch, 11)])[0]
+    ep = run_episodes(make_policy("random", seed=3), [EpisodeJob(lunch, 12)])[0]  # a seed with 4+ pairs
     ps = action_pairs(lunch, ep, SleepConfig(rollouts=1, horizon=4, max_candidates=6), GatingReport())
     assert len(ps) >= 4
     return ps
