@@ -189,12 +189,12 @@ def run_chains(cfg: ChainConfig, progress=None) -> dict:
     pass rate and core metrics with 95% bootstrap intervals over chains, the paired difference
     of each mode from ``none``, and prompt growth (mean prompt tokens per decision; mean memory
     characters per observation). ``progress(what, total)`` may return a per-episode callback."""
-    from .metrics import METRIC_KEYS
+    from .metrics import METRIC_KEYS, METRICS_CONTRACT
     from .policies import SCRIPTED, make_policy
     from .records import atomic_write_text, write_jsonl
     from .runner import EpisodeJob, run_episodes
     from .spec import resolve_scenarios
-    from .stats import PASS, metric_interval, paired_difference
+    from .stats import PASS, SOLVE, metric_interval, paired_difference
 
     for m in cfg.modes:
         if m not in MODES:
@@ -239,7 +239,7 @@ def run_chains(cfg: ChainConfig, progress=None) -> dict:
                 history.setdefault((m, sid, c), []).append(ep)
                 if mode == "shared":
                     trust[(m, sid, c)] = {}
-    keys = (PASS, *METRIC_KEYS)
+    keys = (PASS, SOLVE, *METRIC_KEYS)
     out = Path(cfg.out)
     per_mode: dict[str, dict] = {}
     for m in cfg.modes:
@@ -257,7 +257,7 @@ def run_chains(cfg: ChainConfig, progress=None) -> dict:
                 row["vs_none"] = {k: paired_difference(base, at, k, seed=cfg.seed).as_dict() for k in keys}
             rows.append(row)
         per_mode[m] = rows
-    doc = {"policy": policy.policy_id, "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+    doc = {"metrics_contract": METRICS_CONTRACT, "policy": policy.policy_id, "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
            "chains": len(chains), "memory_version": MEMORY_TEXT_VERSION, "modes": per_mode,
            "rules": {"slight_drop": SLIGHT_DROP, "kept_lift": KEPT_LIFT}}
     atomic_write_text(out / "chain.json", json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -428,7 +428,8 @@ def foresee_cmd(
                         lm_batch_size=lm_batch_size, out=out)
     doc = _with_bars(lambda progress: evaluate_foresee(cfg, progress=progress))
     fmt = lambda iv: f"{iv['mean']:+.3f} [{iv['lo']:+.3f}, {iv['hi']:+.3f}]"  # noqa: E731
-    t = Table(title=escape(f"{doc['policy']}: plain vs Foresee-and-Act [{doc['world_model']}], {doc['episodes']} episodes"))
+    t = Table(title=escape(f"{doc['policy']}: plain vs Foresee-and-Act [{doc['world_model']}], {doc['episodes']} episodes, "
+                           f"{doc['metrics_contract']}"))
     for c in ("metric", "plain", "foresee", "foresee - plain (paired)"):
         t.add_column(c, justify="right")
     for k, d in doc["difference"].items():
@@ -461,13 +462,13 @@ def chain_cmd(
                       modes=list(mode or MODES), seed=seed, lm_batch_size=lm_batch_size, out=out)
     doc = _with_bars(lambda progress: run_chains(cfg, progress=progress))
     fmt = lambda iv: f"{iv['mean']:.2f} [{iv['lo']:.2f}, {iv['hi']:.2f}]"  # noqa: E731
-    t = Table(title=f"{doc['policy']}: {doc['chains']} chains of {length}")
-    for c in ("memory", "position", "pass", "CR", "A_e", "CR vs none", "prompt tokens/step", "memory chars/step"):
+    t = Table(title=escape(f"{doc['policy']}: {doc['chains']} chains of {length}, {doc['metrics_contract']}"))
+    for c in ("memory", "position", "pass", "solve", "CR", "A_e", "CR vs none", "prompt tokens/step", "memory chars/step"):
         t.add_column(c, justify="right")
     for m, rows in doc["modes"].items():
         for r in rows:
             vs = r.get("vs_none", {}).get("CR")
-            t.add_row(m, str(r["position"]), fmt(r["pass"]), fmt(r["CR"]), fmt(r["A_e"]),
+            t.add_row(m, str(r["position"]), fmt(r["pass"]), fmt(r["solve"]), fmt(r["CR"]), fmt(r["A_e"]),
                       "" if vs is None else f"{vs['mean']:+.2f} [{vs['lo']:+.2f}, {vs['hi']:+.2f}]",
                       f"{r['prompt_tokens_per_step']:.0f}", f"{r['memory_chars_per_step']:.0f}")
     console.print(t)

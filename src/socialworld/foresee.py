@@ -368,12 +368,12 @@ def evaluate_foresee(cfg: ForeseeConfig, progress=None) -> dict:
     from pathlib import Path
 
     from .evaluate import episode_seeds
-    from .metrics import METRIC_KEYS
+    from .metrics import METRIC_KEYS, METRICS_CONTRACT
     from .policies import SCRIPTED, make_policy
     from .records import atomic_write_text, write_jsonl
     from .runner import EpisodeJob, run_episodes
     from .spec import resolve_scenarios
-    from .stats import PASS, metric_interval, paired_difference
+    from .stats import PASS, SOLVE, metric_interval, paired_difference
 
     specs = resolve_scenarios(cfg.scenarios, cfg.tiers)
     if not specs:
@@ -390,9 +390,10 @@ def evaluate_foresee(cfg: ForeseeConfig, progress=None) -> dict:
         eps = run_episodes(pol, jobs, batch_size=max(1, len(jobs)), on_episode=on_episode, run_seed=cfg.seed)
         write_jsonl(out / name / "episodes.jsonl", eps)
         sides[name] = eps
-    keys = (PASS, *METRIC_KEYS)
+    keys = (PASS, SOLVE, *METRIC_KEYS)
     traces = [s.action.foresight for e in sides["foresee"] for s in e.steps if s.action.foresight]
     doc = {
+        "metrics_contract": METRICS_CONTRACT,
         "policy": cfg.policy, "world_model": wrapped.world_model.name, "prompt_version": FORESEE_PROMPT_VERSION,
         "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "episodes": len(jobs),
         "metrics": {name: {k: metric_interval(eps, k, seed=cfg.seed).as_dict() for k in keys} for name, eps in sides.items()},
