@@ -20,9 +20,14 @@ def test_shipped_scenarios_pass_check(specs, sid):
 def test_tiny_scenario_passes_and_unsolvable_one_fails():
     r = check_scenario(tiny_spec_data(guards=["no_secret_leaked"]), seeds=5)
     assert r.ok, r.problems
-    # metrics-v2: guards earn nothing, so doing nothing never passes, however many guards hold
-    many_guards = tiny_spec_data(guards=["no_secret_leaked", "good_relations", "commitments_honoured"])
-    assert not any("doing nothing passes" in p for p in check_scenario(many_guards, seeds=5).problems)
+    # metrics-v2: guards earn nothing, so doing nothing scores CR 0 and never passes, however many guards hold
+    from socialworld.runner import EpisodeJob, run_episodes
+    from socialworld.spec import parse_spec
+    from socialworld.testing import FixedPolicy
+
+    many_guards = parse_spec(tiny_spec_data(guards=["no_secret_leaked", "good_relations", "commitments_honoured"]))
+    idle = run_episodes(FixedPolicy([]), [EpisodeJob(many_guards, s) for s in range(5)])
+    assert all(e.metrics.CR.value == 0 and not e.metrics.passed and not e.metrics.guards_broken for e in idle)
     data = tiny_spec_data(guards=["no_secret_leaked"])
     for npc in data["npcs"]:  # nobody can ever agree: every option below any reachable score
         npc["threshold"] = [0.99, 0.99]

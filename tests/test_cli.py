@@ -126,6 +126,11 @@ def test_unknown_or_bad_scenarios_fail_before_any_work(tmp_path, my_lunch):
         (["loop", "--scenario", str(write_user_scenario(tmp_path / "l1.yaml", base="book_club", id="my_club-v1"))],
          "no scenario of tier(s) L0 among my_club-v1 (L1)"),
         (["bench", "--preset", "smoke", "--scenario", "no_such"], "unknown scenario 'no_such'"),
+        # progressive unlocking starts with L0 alone: L1-only scenarios would leave cycle 1 empty
+        (["bench", "--preset", "smoke", "--scenario", str(tmp_path / "l1.yaml")],
+         "progressive unlocking starts with L0 alone, and no scenario is L0 (my_club-v1 L1)"),
+        (["loop", "--tiers", "L0,L1", "--unlock", "progressive", "--scenario", str(tmp_path / "l1.yaml")],
+         "progressive unlocking starts with L0 alone"),
     ]
     for args, message in cases:
         out = tmp_path / "run"

@@ -80,3 +80,20 @@ def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
         RunDir(tmp_path).write_config(doc)
     RunDir(tmp_path / "new").write_config(doc)
     RunDir(tmp_path / "new").write_config(doc)  # same contract: resumes
+
+
+def test_reuse_from_a_run_of_another_metrics_contract_is_refused(tmp_path):
+    from socialworld.loop import LoopConfig, _reuse, config_doc
+    from socialworld.metrics import ContractMismatch
+    from socialworld.spec import run_scenarios
+
+    src = RunDir(tmp_path / "old")
+    cfg = LoopConfig(out=str(tmp_path / "old"))
+    legacy = {k: v for k, v in config_doc(cfg, run_scenarios(list(cfg.scenarios), cfg.tiers, src.root)).items()
+              if k != "metrics_contract"}
+    src.write_config(legacy)
+    (src.root / "note.txt").write_text("x")
+    src.commit("note.txt", "test")  # a manifest: a run folder
+    mine = LoopConfig(out=str(tmp_path / "new"), reuse_from=str(src.root))
+    with pytest.raises(ContractMismatch, match="scored under metrics-v1"):
+        _reuse(RunDir(tmp_path / "new"), mine, config_doc(mine, run_scenarios(list(mine.scenarios), mine.tiers, tmp_path / "new")))

@@ -107,6 +107,11 @@ def _second_conflict(data):
     data["events"].append({**first, "npcs": first["npcs"][::-1], "at": [9, 10]})
 
 
+def _all_absent(data):
+    for n in data["npcs"]:
+        n["present"] = False
+
+
 def _no_say_on_theme(data):  # zoe's preference_change is on theme; take theme away from her
     data["slots"][0]["stakeholders"] = [n["id"] for n in data["npcs"] if n["id"] != "zoe"]
 
@@ -133,6 +138,12 @@ INVALID = [  # (id, shipped file, mutation, text the error must contain)
     ("event-fractional-turn", "weather_picnic", _set("events.0.at", [2.5, 4]), "field events[0].at: turns are whole numbers from 1"),
     ("late-arrival-present", "hackathon", _set("npcs.3.present", True), "field events[0].npc: late_arrival of 'felix', who is present from the start"),
     ("pref-change-no-say", "hackathon", _no_say_on_theme, "field events[2].npc: preference_change of 'zoe', who has no say on slot 'theme'"),
+    ("no-stakeholders", "team_lunch", _set("slots.0.stakeholders", []), "field slots.0.stakeholders: a decision needs at least one stakeholder"),
+    ("stakeholder-twice", "hackathon", _set("slots.0.stakeholders", ["zoe", "zoe"]), "field slots.0.stakeholders: a stakeholder is listed twice: ['zoe']"),
+    ("negative-cost", "birthday_budget", _set("slots.0.options.0.cost", -5), "field slots.0.options.0.cost: Input should be greater than or equal to 0"),
+    ("negative-offer-cost", "birthday_budget", _set("offers.0.cost", -30), "field offers.0.cost: Input should be greater than or equal to 0"),
+    ("capacity-zero", "team_lunch", _set("slots.0.options.0.capacity", 0), "field slots.0.options.0.capacity: Input should be greater than or equal to 1"),
+    ("nobody-present", "team_lunch", _all_absent, "field npcs: nobody is present at the start"),
 ]
 
 

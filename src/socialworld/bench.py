@@ -28,7 +28,7 @@ from .diagnostics import coverage, failure_counts
 from .evaluate import episode_seeds
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
 from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
-from .loop import LoopConfig, Progress, run_loop
+from .loop import LoopConfig, Progress, check_unlockable, run_loop
 from .policies import SCRIPTED, make_policy
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
 from .rundir import CONTRACT_KEY, RunDir
@@ -105,7 +105,9 @@ class BenchConfig:
 def bench_scenarios(cfg: BenchConfig, loop_dir: str | Path) -> RunScenarios:
     """The bench's scenarios, checked before any work starts; ids also name the user scenarios its
     loop (in ``loop_dir``) stored, so a bench is resumed without the user's files."""
-    return run_scenarios(cfg.scenario_names(), TIERS, loop_dir)
+    scenarios = run_scenarios(cfg.scenario_names(), TIERS, loop_dir)
+    check_unlockable(cfg.loop_config(), scenarios)
+    return scenarios
 
 
 def _config_doc(cfg: BenchConfig, scenarios: RunScenarios) -> dict:

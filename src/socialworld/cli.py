@@ -20,6 +20,7 @@ from .foresee import ForeseeConfig
 from .tom import TomConfig
 from .play import play_episode
 from .spec import ScenarioError, load_builtin_scenarios, resolve_scenarios
+from .metrics import METRICS_CONTRACT
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A seeded social world for language agents.")
 console = Console()
@@ -208,7 +209,7 @@ def loop_cmd(
                                        lora_r=lora_r, lora_alpha=2 * lora_r,
                                        target_modules=tuple(m for m in target_modules.split(",") if m)))
     summaries = _with_bars(lambda progress: run_loop(cfg, log=_say, progress=progress))
-    t = Table(title=escape(f"loop: {out}"))
+    t = Table(title=escape(f"loop: {out} ({METRICS_CONTRACT})"))
     for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "solve", "D", "CR",
               "pass - untrained", "D - untrained"):
         t.add_column(c, justify="right")
@@ -347,7 +348,7 @@ def bench_cmd(
     result = _with_bars(lambda progress: run_bench(cfg, log=_say, progress=progress))
     for title, fn in (("main table (last cycle)", main_rows), ("R[cycle][tier]", r_rows)):
         head, rows = fn(result.doc)
-        t = Table(title=title)
+        t = Table(title=f"{title}, {result.doc['metrics_contract']}")
         for h in head:
             t.add_column(h, justify="right")
         for r in rows:

@@ -42,7 +42,7 @@ from .rng import derive_seed
 from .rundir import CONTRACT_KEY, LEGACY_CONTRACT, RunDir, with_defaults
 from .runner import EpisodeJob, run_episodes
 from .sleep import GatingReport, SleepConfig, add_replay, candidate_pairs, read_pairs, screen_and_gate, write_pairs
-from .spec import SCENARIO_STORE, RunScenarios, capped, resolve_scenarios, run_scenarios, spec_yaml
+from .spec import SCENARIO_STORE, RunScenarios, ScenarioError, capped, resolve_scenarios, run_scenarios, spec_yaml
 from .stats import paired_difference
 from .templates import POLICY_PROMPT_VERSION
 from .train import TrainConfig, grpo_rows, train_adapter
@@ -155,6 +155,15 @@ Progress = Callable[[str, int], Callable[[EpisodeRecord], None]]
 """``progress(description, total)`` -> a per-episode callback (the CLI draws bars with it)."""
 
 
+def check_unlockable(cfg: LoopConfig, scenarios: RunScenarios) -> None:
+    """Progressive and adaptive unlocking start with the first tier alone: refuse, before any work,
+    scenarios none of which is of that tier (cycle 1 would have nothing to train or evaluate)."""
+    first = cfg.tiers[0]
+    if cfg.unlock != "fixed" and not any(s.tier == first for s in scenarios.specs):
+        raise ScenarioError(f"{cfg.unlock} unlocking starts with {first} alone, and no scenario is {first} "
+                            f"({', '.join(f'{s.id} {s.tier}' for s in scenarios.specs)}): add one, or unlock 'fixed'")
+
+
 def unlocked_tiers(cfg: LoopConfig, c: int, previous: tuple[str, ...], previous_eval: Sequence[EpisodeRecord]) -> tuple[str, ...]:
     """The tiers cycle ``c`` trains and evaluates (see ``LoopConfig.unlock``)."""
     if cfg.unlock == "fixed":
@@ -199,6 +208,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
             log(f"cycle {c + 1}: wake {len(held)} episodes (in cycle {c}'s evaluation rollout)")
 
     scenarios = run_scenarios(cfg.scenarios, cfg.tiers, cfg.out)  # checked before the run folder is made
+    check_unlockable(cfg, scenarios)
     run = RunDir(cfg.out)
     doc = config_doc(cfg, scenarios)
     run.write_config(doc, may_grow=("cycles",), defaults=ADDED_FIELDS)

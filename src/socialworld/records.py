@@ -94,6 +94,9 @@ class StepSignals(_Rec):
 
 class PolicyRec(_Rec):
     policy_id: str
+    version: str | None = None
+    """a scripted policy's rule version (``expert-v2``); None for language models (their prompt
+    version is in ``decoding``) and in records written before the field existed"""
     base_model: str | None = None
     adapter_hash: str | None = None
     decoding: dict[str, Any] = Field(default_factory=dict)

@@ -108,7 +108,8 @@ def suite_markdown(doc: dict) -> str:
     """The methods or ablations table: last-cycle metrics per variant, and the paired
     difference of PassRate and D against the untrained model on the same episodes."""
     keys = list(METRIC_LABELS)
-    head = ["variant"] + [METRIC_LABELS[k] for k in keys] + ["PassRate - untrained", "D - untrained", "pairs kept (per cycle)"]
+    head = ["variant"] + [METRIC_LABELS[k] for k in keys] + ["PassRate - untrained", "SolveRate - untrained", "D - untrained",
+                                                           "pairs kept (per cycle)"]
     out = [f"# ASCENT-Bench {doc['suite']} suite ({doc['version']}, {doc['metrics_contract']})", "",
            f"Preset `{doc['config']['preset']}` ({doc['preset']}), seed {doc['config']['seed']}; every variant under the same "
            "protocol, budget and evaluation seeds, reusing the same untrained wake data.", "",
@@ -117,7 +118,7 @@ def suite_markdown(doc: dict) -> str:
         vs = v.get("vs_untrained", {})
         pairs = "; ".join(", ".join(f"{k} {n}" for k, n in p.items()) for p in v.get("pairs", [])) or "–"
         out.append("| " + " | ".join([name] + [_iv(v["metrics"][k]) for k in keys]
-                                     + [_iv(vs.get("pass")), _iv(vs.get("D")), pairs]) + " |")
+                                     + [_iv(vs.get("pass")), _iv(vs.get("solve")), _iv(vs.get("D")), pairs]) + " |")
     return "\n".join(out)
 
 
@@ -292,8 +293,9 @@ def html_report(doc: dict, images: dict[str, str], episodes: list[dict]) -> str:
     cfg = doc["config"]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ASCENT-Bench report</title><style>{CSS}</style></head>
 <body><h1>ASCENT-Bench report</h1>
-<p>{html.escape(doc['version'])} · model <code>{html.escape(cfg['model'])}</code> · preset <code>{html.escape(cfg['preset'])}</code>
-· seed {cfg['seed']} · unlocking <code>{html.escape(cfg['unlock'])}</code> · Pass iff CR &ge; {doc['thresholds']['CR']} and D &ge; {doc['thresholds']['D']}</p>
+<p>{html.escape(doc['version'])} · {html.escape(doc['metrics_contract'])} · model <code>{html.escape(cfg['model'])}</code> · preset <code>{html.escape(cfg['preset'])}</code>
+· seed {cfg['seed']} · unlocking <code>{html.escape(cfg['unlock'])}</code> · Pass iff CR &ge; {doc['thresholds']['CR']} and D &ge; {doc['thresholds']['D']} and no guard is broken
+· Solved iff every decision is finalized and no guard is broken</p>
 {tables}<h2>Plots</h2>{figs}
 <h2>Episode viewer</h2>
 <p><select id="episode"></select> <button id="prev">&larr;</button> <input id="step" type="range" min="0" value="0">

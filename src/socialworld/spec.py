@@ -147,8 +147,9 @@ class NPCSpec(_Frozen):
 class OptionSpec(_Frozen):
     id: Id
     label: str
-    cost: float = 0.0
-    capacity: int | None = None
+    cost: float = Field(0.0, ge=0)
+    capacity: int | None = Field(None, ge=1)
+    """how many people it holds, the organiser included (finalizing fails when fewer fit)"""
     tags: tuple[str, ...] = ()
     attrs: dict[str, str] = Field(default_factory=dict)
 
@@ -158,6 +159,16 @@ class SlotSpec(_Frozen):
     label: str
     stakeholders: Literal["all"] | tuple[str, ...] = "all"
     options: tuple[OptionSpec, ...] = Field(min_length=2)
+
+    @field_validator("stakeholders")
+    @classmethod
+    def _someone_decides(cls, value: object) -> object:
+        if isinstance(value, tuple):
+            if not value:
+                raise ValueError("a decision needs at least one stakeholder (or 'all')")
+            if len(set(value)) != len(value):
+                raise ValueError(f"a stakeholder is listed twice: {sorted(v for v in set(value) if value.count(v) > 1)}")
+        return value
 
     @cached_property
     def option_ids(self) -> tuple[str, ...]:
@@ -177,7 +188,7 @@ class OfferSpec(_Frozen):
     text: str
     """how the organiser words the offer, e.g. 'you choose the date'"""
     value: float = Field(gt=0, le=1)
-    cost: float = 0.0
+    cost: float = Field(0.0, ge=0)
     target_slot: str | None = None
 
 
@@ -271,6 +282,8 @@ class ScenarioSpec(_Frozen):
 def _check_references(spec: ScenarioSpec) -> None:
     npcs = set(spec.npc_ids)
     slots = {s.id: s for s in spec.slots}
+    if not any(n.present for n in spec.npcs):
+        raise ValueError("npcs: nobody is present at the start (present: false for every npc)")
     for s in spec.slots:
         if s.stakeholders != "all":
             unknown = set(s.stakeholders) - npcs

@@ -22,12 +22,18 @@ from ..core import (
     mood_bucket,
 )
 from ..dialogue import assess
+from ..records import PolicyRec
 from ..rng import WorldRNG, derive_seed
 from ..templates import AGENT_UTTERANCES, RANDOM_UTTERANCES
 from ..visibility import legal_actions
 from ..world import PRESSURE_W, REPAIR_NEEDED_BELOW, acceptance_score
 
 _ORDER = {"low": 0, "mid": 1, "high": 2}
+RANDOM_VERSION = "random-v1"
+EXPERT_VERSION = "expert-v2"
+"""v2 proposes first and asks only after a rejection (v1 asked everyone about everything first)"""
+ORACLE_VERSION = "oracle-v2"
+"""v2 never makes an offer that adds nothing to the concession already held"""
 
 
 def _names(obs: Observation) -> dict[str, str]:
@@ -122,6 +128,9 @@ class RandomPolicy:
         self.seed = seed
         self._rngs: dict[str, WorldRNG] = {}
 
+    def info(self) -> PolicyRec:
+        return PolicyRec(policy_id=self.policy_id, version=RANDOM_VERSION)
+
     def reset(self, episode_keys: Sequence[str]) -> None:
         for k in episode_keys:
             self._rngs[k] = WorldRNG(derive_seed(self.seed, "random-policy", k))
@@ -180,6 +189,9 @@ class ExpertPolicy:
 
     def __init__(self) -> None:
         self._mem: dict[str, _ExpertMemory] = {}
+
+    def info(self) -> PolicyRec:
+        return PolicyRec(policy_id=self.policy_id, version=EXPERT_VERSION)
 
     def reset(self, episode_keys: Sequence[str]) -> None:
         for k in episode_keys:
@@ -311,10 +323,11 @@ class ExpertPolicy:
 
     def _offer_for(self, m: _ExpertMemory, obs: Observation, b: Beliefs, npc: str, slot: str, option: str) -> str | None:
         """Non-binding offers first (largest first), then a promise on a decision that is still
-        open, that nobody was promised, and that this NPC has a say on."""
-        made = {c.offer for c in obs.commitments if (c.npc, c.slot, c.option) == (npc, slot, option)}
+        open, that nobody was promised, and that this NPC has a say on. Offers do not add up (the
+        largest counts), so one no larger than what ``npc`` already holds is never made."""
+        held = _concession(obs, npc, slot, option)
         for off in sorted(obs.offers, key=lambda o: (o.kind == "promise", -o.value)):
-            if (npc, slot, option, off.id) in m.offered or off.id in made:
+            if (npc, slot, option, off.id) in m.offered or off.value <= held:
                 continue
             if off.kind == "promise":
                 tgt = obs.slot(off.target_slot)  # type: ignore[arg-type]
@@ -347,6 +360,9 @@ class OraclePolicy:
 
     policy_id = "oracle"
     privileged: Literal[True] = True
+
+    def info(self) -> PolicyRec:
+        return PolicyRec(policy_id=self.policy_id, version=ORACLE_VERSION)
 
     def reset(self, episode_keys: Sequence[str]) -> None:
         pass
