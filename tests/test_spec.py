@@ -107,6 +107,18 @@ def _second_conflict(data):
     data["events"].append({**first, "npcs": first["npcs"][::-1], "at": [9, 10]})
 
 
+def _leaves_twice(data):
+    data["events"].append({**data["events"][1], "at": [7, 8]})
+
+
+def _absent_leaves(data):  # felix arrives on turn 2-4; leaving from turn 2 may come first
+    data["events"][1].update(npc="felix", at=[2, 6])
+
+
+def _absent_quarrel(data):  # felix arrives on turn 2-4; a quarrel with him from turn 3 may come first
+    data["events"].append({"kind": "conflict", "at": [3, 5], "npcs": ["felix", "zoe"], "text": "Felix and Zoe fall out."})
+
+
 def _all_absent(data):
     for n in data["npcs"]:
         n["present"] = False
@@ -144,6 +156,7 @@ INVALID = [  # (id, shipped file, mutation, text the error must contain)
     ("negative-offer-cost", "birthday_budget", _set("offers.0.cost", -30), "field offers.0.cost: Input should be greater than or equal to 0"),
     ("capacity-zero", "team_lunch", _set("slots.0.options.0.capacity", 0), "field slots.0.options.0.capacity: Input should be greater than or equal to 1"),
     ("nobody-present", "team_lunch", _all_absent, "field npcs: nobody is present at the start"),
+    ("leaves-twice", "hackathon", _leaves_twice, "field events[3].npc: 'olga' leaves twice"),
 ]
 
 
@@ -219,7 +232,9 @@ WARNINGS = [  # (id, shipped file, mutation, text of the warning)
     ("absent-never-arrives", "team_lunch", _set("npcs.1.present", False), "npcs.{npc1}.present: '{npc1}' is absent (present: false) and no late_arrival"),
     ("weather-tag-unused", "weather_picnic", _set("events.0.tag", "snowy"), "events[0].tag: no option carries the tag 'snowy'"),
     ("window-past-budget", "weather_picnic", _set("events.0.at", [3, 25]), "events[0].at: the window ends at turn 25"),
-    ("window-at-budget", "weather_picnic", _set("events.0.at", [3, 21]), "events[0].at: the window ends at turn 21"),
+    ("window-at-budget", "weather_picnic", _set("events.0.at", [3, 16]), "events[0].at: the window ends at turn 16"),
+    ("leaves-while-absent", "hackathon", _absent_leaves, "events[1].npc: participant_leaves involves 'felix', who is absent at the start and may not have arrived by turn 2"),
+    ("quarrel-while-absent", "hackathon", _absent_quarrel, "events[3].npcs: conflict involves 'felix', who is absent at the start and may not have arrived by turn 3"),
 ]
 
 

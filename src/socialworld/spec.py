@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -334,6 +335,9 @@ def _check_references(spec: ScenarioSpec) -> None:
             raise ValueError(f"events[{i}].slot: 'preference_change' needs a known slot")
         if e.kind == "preference_change" and e.npc not in spec.stakeholders(e.slot):  # type: ignore[arg-type]
             raise ValueError(f"events[{i}].npc: preference_change of '{e.npc}', who has no say on slot '{e.slot}'")
+        if e.kind == "participant_leaves" and any(
+                x.kind == "participant_leaves" and x.npc == e.npc for x in spec.events[:i]):
+            raise ValueError(f"events[{i}].npc: '{e.npc}' leaves twice (a second participant_leaves of the same npc)")
         if e.kind == "conflict" and len(e.npcs) != 2:
             raise ValueError(f"events[{i}].npcs: 'conflict' needs exactly two npcs")
         if e.kind == "conflict" and e.npcs[0] == e.npcs[1]:
@@ -364,7 +368,15 @@ def spec_warnings(spec: ScenarioSpec) -> list[str]:
             out.append(f"npcs.{n.id}.present: '{n.id}' is absent (present: false) and no late_arrival event brings "
                        f"them: they never take part")
     tags = {t for s in spec.slots for o in s.options for t in o.tags}
+    absent = {n.id for n in spec.npcs if not n.present}
+    arrived_by = {e.npc: e.at.high for e in spec.events if e.kind == "late_arrival"}  # latest possible arrival turn
     for i, e in enumerate(spec.events):
+        involved = [e.npc] if e.kind == "participant_leaves" else list(e.npcs) if e.kind == "conflict" else []
+        for who in involved:
+            if who in absent and arrived_by.get(who, math.inf) >= e.at.low:
+                field = "npc" if e.kind == "participant_leaves" else "npcs"
+                out.append(f"events[{i}].{field}: {e.kind} involves '{who}', who is absent at the start and may not "
+                           f"have arrived by turn {e.at.low:g}")
         if e.kind == "weather_change" and e.tag not in tags:
             out.append(f"events[{i}].tag: no option carries the tag '{e.tag}': the weather change invalidates nothing")
         if e.at.high >= spec.turn_budget:
