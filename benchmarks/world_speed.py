@@ -48,13 +48,19 @@ def recorded_steps_per_s(specs, episodes: int) -> float:
 
 
 def mid_episode_worlds(specs, n_steps: int = 6) -> list[World]:
+    """Each scenario's world after up to ``n_steps`` expert steps, never a finished one (the expert
+    settles short scenarios in fewer steps than that)."""
     out = []
     pol = ExpertPolicy()
     for spec in specs:
         w = World(spec, 3)
         pol.reset(["k"])
         for _ in range(n_steps):
-            w.step(pol.act(["k"], [observe(spec, w.pub)])[0].action)
+            nxt = w.fork()
+            nxt.step(pol.act(["k"], [observe(spec, w.pub)])[0].action)
+            if nxt.done:
+                break
+            w = nxt
         out.append(w)
     return out
 
