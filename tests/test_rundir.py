@@ -69,10 +69,8 @@ def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
     """A run folder scored under metrics-v1 (its config has no metrics_contract) is never resumed
     by a version that scores under metrics-v2: its numbers would be mixed with ours."""
     from socialworld.loop import LoopConfig, config_doc
-    from socialworld.spec import run_scenarios
 
-    cfg = LoopConfig(out=str(tmp_path))
-    doc = config_doc(cfg, run_scenarios(list(cfg.scenarios), cfg.tiers, tmp_path))
+    doc = config_doc(LoopConfig(out=str(tmp_path)), {})
     assert doc["metrics_contract"] == "metrics-v2"
     legacy = {k: v for k, v in doc.items() if k != "metrics_contract"}
     RunDir(tmp_path).write_config(legacy)
@@ -85,15 +83,13 @@ def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
 def test_reuse_from_a_run_of_another_metrics_contract_is_refused(tmp_path):
     from socialworld.loop import LoopConfig, _reuse, config_doc
     from socialworld.metrics import ContractMismatch
-    from socialworld.spec import run_scenarios
 
     src = RunDir(tmp_path / "old")
     cfg = LoopConfig(out=str(tmp_path / "old"))
-    legacy = {k: v for k, v in config_doc(cfg, run_scenarios(list(cfg.scenarios), cfg.tiers, src.root)).items()
-              if k != "metrics_contract"}
+    legacy = {k: v for k, v in config_doc(cfg, {}).items() if k != "metrics_contract"}
     src.write_config(legacy)
     (src.root / "note.txt").write_text("x")
     src.commit("note.txt", "test")  # a manifest: a run folder
     mine = LoopConfig(out=str(tmp_path / "new"), reuse_from=str(src.root))
     with pytest.raises(ContractMismatch, match="scored under metrics-v1"):
-        _reuse(RunDir(tmp_path / "new"), mine, config_doc(mine, run_scenarios(list(mine.scenarios), mine.tiers, tmp_path / "new")))
+        _reuse(RunDir(tmp_path / "new"), mine, config_doc(mine, {}))

@@ -276,6 +276,10 @@ def test_run_scenarios_checks_user_files_before_a_run(tmp_path, my_lunch, specs)
     clash.write_text(my_lunch.read_text().replace("my_lunch-v1", "team_lunch-v1"))
     with pytest.raises(ScenarioError, match="clash.yaml: id team_lunch-v1 is a shipped scenario's"):
         run_scenarios([str(clash)], ("L0",), run)
+    bare = tmp_path / "clash_no_suffix"  # a path however it is spelled: the check does not depend on the name
+    bare.write_text(clash.read_text())
+    with pytest.raises(ScenarioError, match="clash_no_suffix: id team_lunch-v1 is a shipped scenario's"):
+        run_scenarios([str(bare)], ("L0",), run)
     other = tmp_path / "other.yaml"
     other.write_text(my_lunch.read_text().replace("My team lunch", "Another lunch"))
     with pytest.raises(ScenarioError, match="a second, different scenario with id my_lunch-v1"):

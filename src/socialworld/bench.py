@@ -28,10 +28,10 @@ from .diagnostics import coverage, failure_counts
 from .evaluate import episode_seeds
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
 from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
-from .loop import LoopConfig, Progress, check_unlockable, run_loop
+from .loop import LoopConfig, Progress, check_unlockable, config_doc, run_loop
 from .policies import SCRIPTED, make_policy
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
-from .rundir import CONTRACT_KEY, RunDir
+from .rundir import RunDir
 from .runner import EpisodeJob, run_episodes
 from .sleep import SleepConfig
 from .spec import RunScenarios, capped, run_scenarios
@@ -110,11 +110,9 @@ def bench_scenarios(cfg: BenchConfig, loop_dir: str | Path) -> RunScenarios:
     return scenarios
 
 
-def _config_doc(cfg: BenchConfig, scenarios: RunScenarios) -> dict:
-    """The bench's config as recorded: scenario paths replaced by ids, user scenarios' content
-    hashes, and the metrics contract the run is scored under."""
-    named = replace(cfg, scenarios=scenarios.names if cfg.scenarios else ())
-    return json.loads(json.dumps(asdict(named))) | {"user_scenarios": scenarios.user, CONTRACT_KEY: METRICS_CONTRACT}
+def recorded(cfg: BenchConfig, scenarios: RunScenarios) -> BenchConfig:
+    """``cfg`` as its run records it: scenarios of your own by id (none named: the preset's)."""
+    return replace(cfg, scenarios=scenarios.names if cfg.scenarios else ())
 
 
 ADDED_FIELDS = {"scenarios": [], "user_scenarios": {}}
@@ -152,7 +150,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
     loop_dir = Path(cfg.out) / "loop"
     scenarios = bench_scenarios(cfg, loop_dir)  # checked before the run folder is made
     run = RunDir(cfg.out)
-    run.write_config(_config_doc(cfg, scenarios), defaults=ADDED_FIELDS)
+    run.write_config(config_doc(recorded(cfg, scenarios), scenarios.user), defaults=ADDED_FIELDS)
     summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
     jobs = eval_jobs(cfg, scenarios)
     static: dict[str, list[EpisodeRecord]] = {"A": read_jsonl(loop_dir / "cycle-0/eval/episodes.jsonl")}
@@ -172,7 +170,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
         per_cycle["B"][c] = read_jsonl(loop_dir / f"cycle-{c}/eval/episodes.jsonl")
         for arm, eps in static.items():
             per_cycle[arm][c] = _subset(eps, tiers)
-    doc = bench_document(replace(cfg, scenarios=scenarios.names if cfg.scenarios else ()), tiers_per_cycle, per_cycle, summaries)
+    doc = bench_document(recorded(cfg, scenarios), tiers_per_cycle, per_cycle, summaries)
     run.produce("bench.json", "bench", lambda p: atomic_write_text(p, json.dumps(doc, indent=1, sort_keys=True) + "\n"),
                 inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)])
     from .report import write_reports
@@ -265,7 +263,8 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
     kw = {"seed": cfg.seed, "resamples": cfg.resamples}
     scenarios = bench_scenarios(cfg, Path(cfg.out) / suite / next(iter(SUITES[suite])))  # the first variant's loop
     run = RunDir(Path(cfg.out) / suite)
-    run.write_config(_config_doc(cfg, scenarios), defaults=ADDED_FIELDS)
+    cfg_doc = config_doc(recorded(cfg, scenarios), scenarios.user)
+    run.write_config(cfg_doc, defaults=ADDED_FIELDS)
     rows: dict[str, dict] = {}
     first = ""
     for name in SUITES[suite]:
@@ -291,7 +290,7 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
             "forgetting": forgetting(r),
             "pairs": [s["pairs"] for s in summaries], "excluded": [s["excluded"] for s in summaries],
         }
-    doc = {"version": BENCH_VERSION, "metrics_contract": METRICS_CONTRACT, "suite": suite, "config": _config_doc(cfg, scenarios),
+    doc = {"version": BENCH_VERSION, "metrics_contract": METRICS_CONTRACT, "suite": suite, "config": cfg_doc,
            "preset": asdict(PRESETS[cfg.preset]), "variants": rows}
     from .report import suite_markdown
 

@@ -102,12 +102,13 @@ before it: a stored config without one resumes as if it had that value. (Not eve
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""
 
 
-def config_doc(cfg: LoopConfig, scenarios: RunScenarios) -> dict:
-    """What ``config.yaml`` records: the config with each scenario path replaced by its id, and
-    ``user_scenarios`` (id -> content hash of each user scenario, whose spec is stored in
-    ``RUN/scenarios/<id>.yaml``), so a changed file can never be resumed silently; and the metrics contract the run is scored under."""
-    return json.loads(json.dumps(asdict(replace(cfg, scenarios=scenarios.names)))) | {
-        "user_scenarios": scenarios.user, CONTRACT_KEY: METRICS_CONTRACT}
+def config_doc(cfg, user_scenarios: dict[str, str]) -> dict:
+    """What a run's ``config.yaml`` records (a loop's or a bench's): the config (its scenario names
+    already the ones :func:`~socialworld.spec.run_scenarios` records: paths replaced by ids),
+    ``user_scenarios`` (id -> content hash of each user scenario, stored in
+    ``RUN/scenarios/<id>.yaml``, so a changed file is never resumed silently) and the metrics
+    contract the run is scored under."""
+    return json.loads(json.dumps(asdict(cfg))) | {"user_scenarios": user_scenarios, CONTRACT_KEY: METRICS_CONTRACT}
 
 
 def _reuse(run: RunDir, cfg: LoopConfig, mine: dict) -> None:
@@ -210,7 +211,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
     scenarios = run_scenarios(cfg.scenarios, cfg.tiers, cfg.out)  # checked before the run folder is made
     check_unlockable(cfg, scenarios)
     run = RunDir(cfg.out)
-    doc = config_doc(cfg, scenarios)
+    doc = config_doc(replace(cfg, scenarios=scenarios.names), scenarios.user)
     run.write_config(doc, may_grow=("cycles",), defaults=ADDED_FIELDS)
     for s in scenarios.specs:
         if s.id in scenarios.user:

@@ -362,14 +362,13 @@ def spec_warnings(spec: ScenarioSpec) -> list[str]:
     """Likely mistakes that a scenario may still intend (pure; reported by ``check_scenario``
     and ``socialworld check`` without failing them), each naming its field."""
     out = []
-    arriving = {e.npc for e in spec.events if e.kind == "late_arrival"}
+    arrived_by = {e.npc: e.at.high for e in spec.events if e.kind == "late_arrival"}  # latest possible arrival turn
     for n in spec.npcs:
-        if not n.present and n.id not in arriving:
+        if not n.present and n.id not in arrived_by:
             out.append(f"npcs.{n.id}.present: '{n.id}' is absent (present: false) and no late_arrival event brings "
                        f"them: they never take part")
     tags = {t for s in spec.slots for o in s.options for t in o.tags}
     absent = {n.id for n in spec.npcs if not n.present}
-    arrived_by = {e.npc: e.at.high for e in spec.events if e.kind == "late_arrival"}  # latest possible arrival turn
     for i, e in enumerate(spec.events):
         involved = [e.npc] if e.kind == "participant_leaves" else list(e.npcs) if e.kind == "conflict" else []
         for who in involved:
@@ -617,14 +616,14 @@ def run_scenarios(names: Sequence[str], tiers: Sequence[str], run_dir: str | Pat
     stored = stored_scenarios(run_dir)
     by_id: dict[str, ScenarioSpec] = {}
     for name, spec in zip(names or [s.id for s in named], named):
-        if _is_path(name):
-            if spec.id in builtin and builtin[spec.id].content_hash != spec.content_hash:
-                raise ScenarioError(f"{name}: id {spec.id} is a shipped scenario's, with other content; "
-                                    "give your scenario an id of its own")
-            if spec.id in stored and stored[spec.id].content_hash != spec.content_hash:
-                raise ScenarioError(f"{name}: scenario {spec.id} differs from the copy the run in {run_dir} was made with "
-                                    f"({Path(run_dir) / SCENARIO_STORE / spec.id}.yaml): resume without the changed file "
-                                    "(by id) or use a new run folder")
+        # a name resolved as an id is the shipped or stored spec itself: only a file can differ
+        if spec.id in builtin and builtin[spec.id].content_hash != spec.content_hash:
+            raise ScenarioError(f"{name}: id {spec.id} is a shipped scenario's, with other content; "
+                                "give your scenario an id of its own")
+        if spec.id in stored and stored[spec.id].content_hash != spec.content_hash:
+            raise ScenarioError(f"{name}: scenario {spec.id} differs from the copy the run in {run_dir} was made with "
+                                f"({Path(run_dir) / SCENARIO_STORE / spec.id}.yaml): resume without the changed file "
+                                "(by id) or use a new run folder")
         if spec.id in by_id and by_id[spec.id].content_hash != spec.content_hash:
             raise ScenarioError(f"{name}: a second, different scenario with id {spec.id}")
         by_id[spec.id] = spec
@@ -632,6 +631,7 @@ def run_scenarios(names: Sequence[str], tiers: Sequence[str], run_dir: str | Pat
     if not specs:
         raise ScenarioError(f"no scenario of tier(s) {', '.join(tiers)} among "
                             f"{', '.join(f'{s.id} ({s.tier})' for s in by_id.values())}")
-    user = {s.id: s.content_hash for s in specs if s.id not in builtin or builtin[s.id].content_hash != s.content_hash}
-    shipped = lambda n, s: not _is_path(n) and s.id in builtin and s.id not in user  # noqa: E731 (kept as given: older runs resume)
-    return RunScenarios(specs, tuple(n if shipped(n, s) else s.id for n, s in zip(names, named)), user)
+    user = {s.id: s.content_hash for s in specs if s.id not in builtin}
+    # a shipped scenario named by id is recorded as given (older runs resume); any other name by its full id
+    as_given = lambda n, s: s.id in builtin and n in (s.id, s.id.rsplit("-v", 1)[0])  # noqa: E731
+    return RunScenarios(specs, tuple(n if as_given(n, s) else s.id for n, s in zip(names, named)), user)

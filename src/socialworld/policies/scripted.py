@@ -260,8 +260,7 @@ class ExpertPolicy:
         return say(obs, Action("end"))
 
     def _work_on(self, m: _ExpertMemory, obs: Observation, b: Beliefs, s: SlotView) -> Action | None:
-        here = {n.id for n in obs.npcs if n.present}
-        holders = [h for h in s.stakeholders if h in here]
+        holders = _present(obs, s)
         spare = obs.turns_left - 2 * sum(1 for x in obs.slots if x.status == "open")
         for h in holders:
             if s.id in b.prefers.get(h, {}) or not _rejected_here(m, s, h):
@@ -300,8 +299,7 @@ class ExpertPolicy:
 
     def _candidate(self, m: _ExpertMemory, obs: Observation, b: Beliefs, s: SlotView) -> str | None:
         promised = [c.target_option for c in obs.commitments if c.status == "pending" and c.target_slot == s.id]
-        here = {n.id for n in obs.npcs if n.present}
-        holders = [h for h in s.stakeholders if h in here]
+        holders = _present(obs, s)
         best, best_score = None, None
         for o in s.options:
             if not o.available or (s.id, o.id) in m.tried:
@@ -462,7 +460,7 @@ class OraclePolicy:
         pending = {c.target_slot for c in obs.commitments if c.status == "pending"} | promising
         had = _concession(obs, npc, slot, option)
         for off in sorted(obs.offers, key=lambda o: o.value):
-            if off.value < had + deficit or off.value <= had:
+            if off.value < had + deficit:  # deficit > 0: an offer no larger than ``had`` never qualifies
                 continue
             if off.kind == "pay" and (budget is None or budget < off.cost + _reserve(obs, slot)):
                 continue
@@ -520,6 +518,12 @@ class OraclePolicy:
             if h not in s.accepted_by:
                 return say(obs, Action("propose", slot=s.id, option=option, npc=h))
         return None
+
+
+def _present(obs: Observation, s: SlotView) -> list[str]:
+    """The stakeholders of ``s`` who are here now (``SlotView.stakeholders`` lists absent ones too)."""
+    here = {n.id for n in obs.npcs if n.present}
+    return [h for h in s.stakeholders if h in here]
 
 
 def _rejected_here(m: _ExpertMemory, s: SlotView, h: str) -> bool:
