@@ -342,3 +342,54 @@ def test_mixed_adapter_batches(specs, tiny_dir, tmp_path):
     assert [r.text for r in same] == [r.text for r in decode(model, tok, prompts, [prog(None, None)] * 4, batch_size=4)]
     assert [r.values["c"] for r in mixed] == [r.values["c"] for r in same]  # the choice ran under "a" in both
     assert [r.values["s"] for r in mixed] != [r.values["s"] for r in same]  # the free text under "b" differs
+
+
+def _grammar_text(obs, choose) -> str:
+    """The BELIEF and ACTION lines :func:`program` lets a decoder write, ``choose(choice)`` picking each option."""
+    out = []
+    for seg in program(obs, 4):
+        if isinstance(seg, Free):
+            break
+        out.append(seg.text if isinstance(seg, Forced) else choose(seg))
+    return "".join(out).removesuffix("\nSAY:")
+
+
+def test_belief_target_is_what_the_observation_supports(specs):
+    """The trained BELIEF line is a function of the prompt (the expert's inference, a fixed rule
+    for the unknown), in the decoding grammar, and never the hidden truth where nothing was said."""
+    from socialworld.lm.policy import belief_target, focus
+    from socialworld.lm.prompts import parse_belief
+    from socialworld.policies.scripted import Beliefs, ExpertPolicy
+    from socialworld.testing import set_hidden
+
+    cases = set()
+    for sid in ("team_lunch-v1", "book_club-v1", "weather_picnic-v1"):
+        for seed, steps in ((seed, steps) for seed in range(1, 6) for steps in range(0, 8, 2)):
+            w = drive(World(specs[sid], seed), make_policy("random", seed=seed), steps)
+            obs = observe(specs[sid], w.pub)
+            target = belief_target(obs)
+            npc = focus(obs)
+            if npc is None:
+                assert target == "BELIEF:"
+                continue
+            # exactly what the grammar decodes when each choice takes the target's option
+            items = dict(kv.split("=") for kv in target.split()[2:])  # slot=option ... mood=bucket
+
+            def pick(c: Choice) -> str:
+                return c.options[0] if c.name == "action" else items["mood" if c.name.startswith("mood:") else c.name.split(":")[-1]]
+
+            assert _grammar_text(obs, pick).startswith(target + "\nACTION:")
+            stated = parse_belief(target.removeprefix("BELIEF:"), obs)
+            known = ExpertPolicy.stated(obs, Beliefs().update(obs)).preferences.get(npc, {})
+            for s in obs.slots:
+                if npc in s.stakeholders:
+                    want = known.get(s.id) or s.proposal or s.options[0].id
+                    assert stated.preferences[npc][s.id] == want
+                    cases.add("known" if s.id in known else "proposal" if s.proposal else "default")
+            # the hidden truth does not leak: other hidden utilities, the same target
+            other = w.fork()
+            for s in obs.slots:
+                if npc in s.stakeholders:
+                    set_hidden(other, npc, slot=s.id, utilities={o.id: (1.0 if o is s.options[-1] else 0.0) for o in s.options})
+            assert belief_target(observe(specs[sid], other.pub)) == target
+    assert cases >= {"known", "default"}

@@ -41,8 +41,13 @@ def test_unlocking_schedules():
 def test_progressive_merged_loop(tmp_path):
     tiny_dir = tiny_lm(tmp_path / "tiny")
     cfg = replace(_cfg(tiny_dir, tmp_path / "m"), tiers=("L0", "L1"), unlock="progressive", merged=True, baseline=False)
-    cfg = replace(cfg, sleep=replace(cfg.sleep, replay=1.0))
+    cfg = replace(cfg, reference_episodes=2, sleep=replace(cfg.sleep, replay=1.0, reference_pairs="own"))
     out = run_loop(cfg, log=lambda _: None)
+    # the expert plays reference_episodes training seeds per scenario; one wake episode each
+    refs = [json.loads(line) for line in (tmp_path / "m" / "cycle-1/wake/reference.jsonl").read_text().splitlines()]
+    assert sorted(r["seed"] for r in refs if r["scenario_id"] == "team_lunch-v1") == sorted(train_seeds(0, "team_lunch-v1", 1, 2))
+    wake = [json.loads(line) for line in (tmp_path / "m" / "cycle-1/wake/episodes.jsonl").read_text().splitlines()]
+    assert len(wake) == len(refs) // 2
     # cycle 2 replays what cycle 1 kept: its pair files hold cycle 1's pairs too
     from socialworld.sleep import read_pairs
     kept1 = {p.id for t in ("action", "dialogue") for p in read_pairs(tmp_path / "m" / f"cycle-1/sleep/pairs-{t}.parquet")}
@@ -211,3 +216,29 @@ def test_loop_on_a_user_scenario_file(tmp_path, my_lunch):
     for call in (lambda: run_loop(replace(cfg, scenarios=("my_lunch-v1",))), lambda: loop_mod.regate(run, 1, {})):
         with pytest.raises(ValueError, match="my_lunch-v1.yaml: changed since the run was made"):
             call()
+
+
+def test_one_cycle_raises_the_chosen_actions_probability(tmp_path):
+    """The default recipe's sleep (expert labels, reference pairs) and SFT, one cycle on a tiny
+    model: at the states it trained on, the chosen action is more likely after than before."""
+    from statistics import fmean
+
+    from socialworld.bench import RECIPE_SLEEP, RECIPE_TRAIN
+    from socialworld.fit import chosen_action_logprobs
+    from socialworld.lm.models import load_hf, load_with_adapters
+    from socialworld.sleep import read_pairs
+
+    tiny_dir = tiny_lm(tmp_path / "tiny")
+    cfg = LoopConfig(out=str(tmp_path / "r"), model=str(tiny_dir), cycles=1, tiers=("L0",), train_episodes=1, reference_episodes=2,
+                     eval_episodes=1, lm_batch_size=8, baseline=False, tracks=("action",),
+                     sleep=replace(RECIPE_SLEEP, rollouts=1, horizon=3, max_candidates=4),
+                     train=replace(RECIPE_TRAIN, steps=30, learning_rate=1e-2, max_length=1024))
+    run_loop(cfg, log=lambda _: None)
+    pairs = read_pairs(tmp_path / "r" / "cycle-1/sleep/pairs-action.parquet")
+    assert len(pairs) >= 8
+    base, tok = load_hf(tiny_dir, dtype="float32")
+    before = chosen_action_logprobs(base, tok, pairs)
+    trained, tok, _ = load_with_adapters(tiny_dir, {"action": tmp_path / "r" / "cycle-1/train/action/adapter"}, dtype="float32")
+    after = chosen_action_logprobs(trained, tok, pairs)
+    assert fmean(after) > fmean(before) + 1.0  # nats per action, on average
+    assert sum(a > b for a, b in zip(after, before)) >= 0.8 * len(pairs)

@@ -125,12 +125,15 @@ def test_reference_pairs_cover_the_reference_episode_states(lunch):
         taken = recorded_action(ref.steps[p.step])
         w = worlds[p.step]
         assert p.chosen_value >= fmean(rollout_returns(w, _say(w, taken), cfg, (p.scenario_id, p.seed, p.step, "reference"))) - 1e-12
-    # candidate_pairs adds them only when asked, once per (scenario, seed) of the wake
+    # candidate_pairs adds them only when asked, at every reference episode: the wake's seeds and further ones
     wake = run_episodes(make_policy("random", seed=3), [EpisodeJob(lunch, 11)])
     specs = {lunch.id: lunch}
-    off = candidate_pairs(specs, wake, {(lunch.id, 11): ref}, SleepConfig(rollouts=2, horizon=6, max_candidates=8), GatingReport())
-    on = candidate_pairs(specs, wake, {(lunch.id, 11): ref}, cfg, GatingReport())
-    assert {p.id for p in on} - {p.id for p in off} == {p.id for p in pairs}
+    extra = run_episodes(make_policy("expert"), [EpisodeJob(lunch, 12)])[0]
+    refs = {(lunch.id, 11): ref, (lunch.id, 12): extra}
+    off = candidate_pairs(specs, wake, refs, SleepConfig(rollouts=2, horizon=6, max_candidates=8), GatingReport())
+    on = candidate_pairs(specs, wake, refs, cfg, GatingReport())
+    assert {p.id for p in on} - {p.id for p in off} == {p.id for p in pairs + reference_pairs(lunch, extra, cfg, GatingReport())}
+    assert {p.seed for p in on if p.id not in {q.id for q in off}} == {11, 12}
     # "own": chosen is the reference's own action at every kept step
     own = reference_pairs(lunch, ref, replace(cfg, reference_pairs="own"), GatingReport())
     assert own

@@ -4,13 +4,13 @@ import pytest
 
 pytest.importorskip("trl")
 pytest.importorskip("peft")
-pytestmark = pytest.mark.slow  # ~35 s of TRL training on 2 cores: run by CI's `pytest -m slow`
+slow = pytest.mark.slow  # ~35 s of TRL training on 2 cores: run by CI's `pytest -m slow`
 
 from socialworld.policies import make_policy  # noqa: E402
 from socialworld.runner import EpisodeJob, run_episodes  # noqa: E402
 from socialworld.sleep import GatingReport, SleepConfig, action_pairs  # noqa: E402
 from socialworld.testing import tiny_lm  # noqa: E402
-from socialworld.train import TrainConfig, grpo_rows, simulator_reward, train_adapter  # noqa: E402
+from socialworld.train import TrainConfig, grpo_rows, lora_layers, planned_steps, simulator_reward, train_adapter  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +27,24 @@ def pairs(specs):
     return ps
 
 
+def test_steps_layers_and_options():
+    assert planned_steps(TrainConfig(steps=120, batch_size=4), 10) == 120  # no epoch cap: steps decide
+    assert planned_steps(TrainConfig(steps=120, batch_size=4, max_epochs=4), 10) == 10  # 4 passes over 10 rows
+    assert planned_steps(TrainConfig(steps=120, batch_size=4, max_epochs=4), 1000) == 120
+    assert planned_steps(TrainConfig(steps=5, batch_size=4, max_epochs=0.1), 3) == 1  # at least one step
+    assert lora_layers(30, 1.0) is None and lora_layers(30, 0.5) == list(range(15, 30)) and lora_layers(2, 0.5) == [1]
+    for bad in ({"lora_upper": 0.0}, {"lora_upper": 1.5}, {"dtype": "fp8"}, {"steps": 0}, {"max_epochs": -1}):
+        with pytest.raises(ValueError):
+            TrainConfig(**bad)
+
+
 def _lora_b(path):
     from safetensors.torch import load_file
 
     return {k: v for k, v in load_file(str(path / "adapter_model.safetensors")).items() if "lora_B" in k}
 
 
+@slow
 def test_dpo_trains_saves_and_resumes_trainable(tiny_dir, pairs, tmp_path):
     from socialworld.sleep import write_pairs
 
@@ -55,9 +67,11 @@ def test_dpo_trains_saves_and_resumes_trainable(tiny_dir, pairs, tmp_path):
     assert not (tmp_path / "a3").exists()
 
 
+@slow
 def test_sft_and_grpo_with_the_simulator_reward(specs, tiny_dir, pairs, tmp_path):
-    sft = train_adapter(tiny_dir, tmp_path / "sft", TrainConfig(method="sft", steps=1, batch_size=2), pairs=pairs)
+    sft = train_adapter(tiny_dir, tmp_path / "sft", TrainConfig(method="sft", steps=1, batch_size=2, lora_upper=0.5), pairs=pairs)
     assert sft.steps == 1 and (tmp_path / "sft" / "adapter_config.json").exists()
+    assert {k.split(".layers.")[1].split(".")[0] for k in _lora_b(tmp_path / "sft")} == {"1"}  # the upper of 2 layers only
     rows = grpo_rows(pairs)
     reward = simulator_reward(specs)
     good = [{"role": "assistant", "content": "ACTION: wait()\nSAY: one moment"}]
@@ -70,6 +84,7 @@ def test_sft_and_grpo_with_the_simulator_reward(specs, tiny_dir, pairs, tmp_path
     assert grpo.steps == 1 and (tmp_path / "grpo" / "adapter_model.safetensors").exists()
 
 
+@slow
 def test_deployed_policy_records_both_adapters(specs, tiny_dir, pairs, tmp_path):
     from socialworld.lm import make_lm_policy
 

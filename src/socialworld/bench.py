@@ -43,15 +43,32 @@ MAIN_METRICS = ("U", "A_e", "S_npc", "D", "CR", PASS, SOLVE)
 REFERENCES = ("oracle", "random")
 
 
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+RECIPE_SLEEP = SleepConfig(reference_pairs="own", wake_chosen="continuation", label_gate="disagree", replay=1.0)
+"""The sleep that teaches (DAgger): the expert's own actions at its states on training seeds, the
+expert's label at every state of the policy's wake where it disagrees, and every earlier cycle's
+pairs replayed (no forgetting)."""
+
+RECIPE_TRAIN = TrainConfig(method="sft", steps=100, max_epochs=3.0, batch_size=4, learning_rate=1e-3,
+                           target_modules=ALL_LINEAR, lora_upper=0.5)
+"""Behaviour cloning of those labels with TRL's SFTTrainer: LoRA on every linear layer of the upper
+half, lr 1e-3 (what fitted the labels, docs/design.md), bf16 where native."""
+
+
 @dataclass(frozen=True)
 class Preset:
-    """The budget of a bench run."""
+    """The budget and recipe of a bench run."""
 
     eval_episodes: int
     train_episodes: int
-    steps: int
-    batch_size: int = 4
-    """pairs per optimizer step"""
+    """wake episodes of the deployed policy per scenario per cycle (language-model time)"""
+    reference_episodes: int = 0
+    """expert episodes per scenario per cycle on training seeds (no language-model time)"""
+    train: TrainConfig = RECIPE_TRAIN
+    sleep: SleepConfig = RECIPE_SLEEP
+    dialogue_steps: int = 30
+    """cap on the dialogue track's steps per cycle"""
     scenarios: tuple[str, ...] = ()
     """a subset of scenario ids (empty: all eight)"""
     max_turns: int = 0
@@ -60,14 +77,15 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     # one scenario per tier, one evaluation seed each, episodes cut at 4 turns, one wake episode and
-    # one DPO step on one pair per cycle: does the whole protocol run (its numbers mean little)
-    "smoke": Preset(eval_episodes=1, train_episodes=1, steps=1, batch_size=1, max_turns=4,
+    # one training step on one row per cycle: does the whole protocol run (its numbers mean little)
+    "smoke": Preset(eval_episodes=1, train_episodes=1, train=replace(RECIPE_TRAIN, steps=1, batch_size=1), max_turns=4,
                     scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
-    # the protocol's 45 evaluation episodes per arm; a small training budget, so that the whole run
-    # fits in 40 minutes on a 2-core CPU (measured: see the README)
-    "default": Preset(eval_episodes=3, train_episodes=1, steps=2),
+    # the protocol's 45 evaluation episodes per arm, the recipe that learns, within 40 minutes on a
+    # 2-core CPU (measured: see the README)
+    "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=6),
     # the full budget
-    "paper": Preset(eval_episodes=3, train_episodes=8, steps=60),
+    "paper": Preset(eval_episodes=3, train_episodes=8, reference_episodes=16, train=replace(RECIPE_TRAIN, steps=400),
+                   dialogue_steps=100),
 }
 
 
@@ -95,10 +113,11 @@ class BenchConfig:
     def loop_config(self, **over) -> LoopConfig:
         p = PRESETS[self.preset]
         base = LoopConfig(out=str(Path(self.out) / "loop"), model=self.model, cycles=self.cycles, tiers=TIERS,
-                          train_episodes=p.train_episodes, eval_episodes=p.eval_episodes, seed=self.seed,
+                          train_episodes=p.train_episodes, reference_episodes=p.reference_episodes,
+                          eval_episodes=p.eval_episodes, seed=self.seed,
                           lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock,
                           adaptive_threshold=self.adaptive_threshold, scenarios=self.scenario_names(), max_turns=p.max_turns,
-                          sleep=SleepConfig(), train=TrainConfig(method="dpo", steps=p.steps, batch_size=p.batch_size))
+                          sleep=p.sleep, train=p.train, dialogue_steps=p.dialogue_steps)
         return replace(base, **over)
 
 
@@ -213,6 +232,13 @@ def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_
     }
 
 
+def phase_seconds(out: str | Path) -> list[tuple[str, float]]:
+    """Wall seconds of each artifact a bench made (its loop's first, in the order they were
+    made; resumed runs list what this and earlier invocations made), from the ``timings.json``
+    side files of :class:`~socialworld.rundir.RunDir`."""
+    return [(f"loop/{k}", v) for k, v in RunDir(Path(out) / "loop").timings().items()] + list(RunDir(out).timings().items())
+
+
 def _ratio(b: float, a: float) -> float | None:
     """B/X as a ratio of means; undefined (None) when X's mean is 0."""
     return None if a == 0 else b / a
@@ -223,9 +249,9 @@ def _ratio(b: float, a: float) -> float | None:
 SUITES: dict[str, dict[str, dict]] = {
     # M0 (untrained) is every variant's cycle 0; each entry overrides the full loop's settings
     "methods": {
-        "M1-sft": {"train": {"method": "sft"}},
+        "M1-sft": {"sleep": {"reference_pairs": "off", "wake_chosen": "best", "label_gate": "margin", "replay": 0.0}},
         "M2-grpo": {"train": {"method": "grpo"}, "tracks": ("action",), "sleep": {"gating": "off"}},
-        "M3-dpo-trajectory-ungated": {"tracks": ("dialogue",), "sleep": {"gating": "off"}},
+        "M3-dpo-trajectory-ungated": {"train": {"method": "dpo"}, "tracks": ("dialogue",), "sleep": {"gating": "off"}},
         "M4-full": {},
     },
     "ablations": {

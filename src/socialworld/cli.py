@@ -169,10 +169,16 @@ def loop_cmd(
     model: str = typer.Option("bundled", help=help_for(_LoopConfig(), "model")),
     out: str = typer.Option("runs/loop", help=help_for(_LoopConfig(), "out")),
     train_episodes: int = typer.Option(4, help=help_for(_LoopConfig(), "train_episodes")),
+    reference_episodes: int = typer.Option(0, help=help_for(_LoopConfig(), "reference_episodes")),
     eval_episodes: int = typer.Option(3, help=help_for(_LoopConfig(), "eval_episodes")),
     seed: int = typer.Option(0, help=help_for(_LoopConfig(), "seed")),
     method: str = typer.Option("dpo", help="TRL trainer per track: dpo, sft, or grpo (action track only)"),
     steps: int = typer.Option(20, help="optimizer steps per track per cycle"),
+    max_epochs: float = typer.Option(0.0, help=help_for(_TrainConfig(), "max_epochs")),
+    dialogue_steps: int = typer.Option(0, help=help_for(_LoopConfig(), "dialogue_steps")),
+    batch_size: int = typer.Option(4, help=help_for(_TrainConfig(), "batch_size")),
+    lora_upper: float = typer.Option(1.0, help=help_for(_TrainConfig(), "lora_upper")),
+    dtype: str = typer.Option("auto", help=help_for(_TrainConfig(), "dtype")),
     gating: str = typer.Option("strict", help="provenance gating: strict or off (ablation)"),
     quality_threshold: float = typer.Option(0.5, help="least share of paired rollouts in which chosen beats rejected"),
     learning_rate: float = typer.Option(1e-4, help="AdamW learning rate of the LoRA weights"),
@@ -201,12 +207,14 @@ def loop_cmd(
 
     tiers = [t for x in (tiers or ["L0"]) for t in x.split(",") if t]
     cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), scenarios=tuple(scenario or ()), train_episodes=train_episodes,
+                     reference_episodes=reference_episodes, dialogue_steps=dialogue_steps,
                      eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
                      unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged,  # type: ignore[arg-type]
                      sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold, reference_pairs=reference_pairs,  # type: ignore[arg-type]
                                    replay=replay, wake_chosen=wake_chosen, label_gate=label_gate),
                      train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight,  # type: ignore[arg-type]
-                                       lora_r=lora_r, lora_alpha=2 * lora_r,
+                                       lora_r=lora_r, lora_alpha=2 * lora_r, max_epochs=max_epochs, batch_size=batch_size,
+                                       lora_upper=lora_upper, dtype=dtype,  # type: ignore[arg-type]
                                        target_modules=tuple(m for m in target_modules.split(",") if m)))
     summaries = _with_bars(lambda progress: run_loop(cfg, log=_say, progress=progress))
     t = Table(title=escape(f"loop: {out} ({METRICS_CONTRACT})"))
@@ -332,7 +340,7 @@ def bench_cmd(
     """ASCENT-Bench: arms A (untrained), B (closed loop), C (proxy or expert), oracle and random
     through the lifelong protocol; writes bench.json, report.md and report.html to --out.
     With --suite methods|ablations, every variant under the same protocol and budget."""
-    from .bench import PRESETS, SUITES, BenchConfig, run_bench, run_suite
+    from .bench import PRESETS, SUITES, BenchConfig, phase_seconds, run_bench, run_suite
     from .report import main_rows, r_rows
 
     if preset not in PRESETS:
@@ -354,6 +362,14 @@ def bench_cmd(
         for r in rows:
             t.add_row(*r)
         console.print(t)
+    t = Table(title="phases (wall seconds; timings.json)")
+    t.add_column("artifact")
+    t.add_column("seconds", justify="right")
+    phases = phase_seconds(out)
+    for rel, sec in phases:
+        t.add_row(escape(rel), f"{sec:.0f}")
+    t.add_row("total", f"{sum(s for _, s in phases):.0f}")
+    console.print(t)
     _say(f"report: {Path(out) / 'report.html'}")
 
 

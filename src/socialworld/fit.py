@@ -87,6 +87,24 @@ def action_fit(policy: Policy, pairs: Sequence[Pair], specs: Mapping[str, Scenar
     )
 
 
+def chosen_action_logprobs(model, tokenizer, pairs: Sequence[Pair]) -> list[float]:
+    """Per action pair, teacher-forced: log P(chosen action | prompt, chosen BELIEF line, ``ACTION:``),
+    the sum of the log-probabilities of the tokens that spell the chosen action's key (as the
+    constrained decoder scores an action option). Training on a pair should raise it."""
+    import torch
+
+    out = []
+    for p in pairs:
+        head, key = p.chosen[-1]["content"].rsplit("\nACTION:", 1)
+        prefix = tokenizer.apply_chat_template(p.prompt, tokenize=False, add_generation_prompt=True) + head + "\nACTION:"
+        pre = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(key, add_special_tokens=False)["input_ids"]
+        with torch.inference_mode():
+            logits = model(torch.tensor([pre + ids])).logits[0, len(pre) - 1 : -1].float()
+        out.append(float(torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None]).sum()))
+    return out
+
+
 def run_folder_of(path: str | Path) -> Path | None:
     """The loop run folder a file lies in (the nearest parent with ``config.yaml`` and ``manifest.json``)."""
     for d in Path(path).resolve().parents:

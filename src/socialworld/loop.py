@@ -3,7 +3,8 @@
 Per cycle ``c``::
 
     cycle-c/wake/episodes.jsonl         the current policy on *training* seeds
-    cycle-c/wake/reference.jsonl        the continuation policy on the same seeds (dialogue pairs)
+    cycle-c/wake/reference.jsonl        the continuation policy on the same seeds (dialogue pairs) and on
+                                        ``reference_episodes`` training seeds per scenario (reference pairs)
     cycle-c/sleep/pairs-action.parquet  gated step-level pairs
     cycle-c/sleep/pairs-dialogue.parquet
     cycle-c/sleep/gating.json           every exclusion counted by reason
@@ -61,6 +62,9 @@ class LoopConfig:
         "scenario ids or YAML paths of your own (repeatable; default: the shipped scenarios of the tiers); "
         "the run stores each file's spec and is resumed by id without it")})
     train_episodes: int = field(default=4, metadata={"help": "wake episodes per scenario per cycle (training seeds)"})
+    reference_episodes: int = field(default=0, metadata={"help": (
+        "continuation-policy (expert) episodes per scenario per cycle on training seeds, for reference pairs "
+        "(0: the wake's seeds only); they cost no language-model time")})
     eval_episodes: int = field(default=3, metadata={"help": "evaluation episodes per scenario (fixed held-out seeds)"})
     seed: int = field(default=0, metadata={"help": "run seed"})
     max_turns: int = field(default=0, metadata={"help": "cap every scenario's turn budget (0: the scenario's own; smoke runs)"})
@@ -75,6 +79,9 @@ class LoopConfig:
     reuse_from: str = field(default="", metadata={"help": "copy the untrained policy's artifacts (cycle-0 eval, cycle-1 wake) from this run "
                                                        "folder instead of re-running them: ablations on the same data"})
     sleep: SleepConfig = field(default_factory=SleepConfig)
+    dialogue_steps: int = field(default=0, metadata={"help": (
+        "cap on the dialogue track's optimizer steps per cycle (0: the train steps): the template words it learns "
+        "are fewer and easier than the actions")})
     train: TrainConfig = field(default_factory=lambda: TrainConfig(method="dpo", steps=20))
 
     def __post_init__(self) -> None:
@@ -92,11 +99,14 @@ def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int
     return seeds
 
 
-UNTRAINED = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycle-1/wake/reference.jsonl")
-"""Artifacts made by the untrained policy alone: the same in every run of the same model and seeds."""
+UNTRAINED = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl")
+"""Artifacts made by the untrained policy alone: the same in every run of the same model and seeds.
+(The reference episodes are the expert's: cheap to remake, and their number is a knob.)"""
 EVAL_KEYS = ("model", "tiers", "scenarios", "user_scenarios", "eval_episodes", "seed", "max_turns")
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
-ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "sleep": {"reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin"}}
+ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "reference_episodes": 0, "dialogue_steps": 0,
+                "sleep": {"reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin"},
+                "train": {"max_epochs": 0.0, "lora_upper": 1.0, "dtype": "float32"}}
 """Config fields added after runs were written, each with the value that behaves as the code did
 before it: a stored config without one resumes as if it had that value. (Not every default
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""
@@ -184,9 +194,9 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         return [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
                 for seed in episode_seeds(cfg.seed, s.id, cfg.eval_episodes)]
 
-    def wake_jobs(c: int, tiers: Sequence[str]) -> list[EpisodeJob]:
+    def wake_jobs(c: int, tiers: Sequence[str], n: int | None = None) -> list[EpisodeJob]:
         return [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
-                for seed in train_seeds(cfg.seed, s.id, c, cfg.train_episodes)]
+                for seed in train_seeds(cfg.seed, s.id, c, cfg.train_episodes if n is None else n)]
 
     def evaluate(c: int, tiers: Sequence[str], adapters: dict[str, str] | None, what: str) -> None:
         """Cycle ``c``'s evaluation, with cycle ``c+1``'s wake in the same rollout when its tiers
@@ -236,7 +246,8 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
                        inputs=prev):
             log(f"cycle {c} ({'+'.join(tiers)}): wake {len(jobs)} episodes")
         run.produce(f"{d}/wake/reference.jsonl", f"wake:{cfg.sleep.continuation}",
-                    lambda p: write_jsonl(p, run_episodes(make_policy(cfg.sleep.continuation), jobs)))
+                    lambda p: write_jsonl(p, run_episodes(make_policy(cfg.sleep.continuation),
+                                                          wake_jobs(c, tiers, max(cfg.train_episodes, cfg.reference_episodes)))))
         wake = read_jsonl(run.path(f"{d}/wake/episodes.jsonl"))
         ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(f"{d}/wake/reference.jsonl"))}
 
@@ -304,8 +315,9 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
             data = {"pairs": pairs}
         if cfg.train.method == "grpo":
             data = {"grpo_rows": grpo_rows(pairs), "specs": specs}
+        tcfg = replace(cfg.train, steps=min(cfg.train.steps, cfg.dialogue_steps)) if name == "dialogue" and cfg.dialogue_steps else cfg.train
         run.produce(rel, f"train:{cfg.train.method}",
-                    lambda p, data=data, r=resume: train_adapter(_base_path(cfg), p, cfg.train, resume_from=r, **data),
+                    lambda p, data=data, r=resume, t=tcfg: train_adapter(_base_path(cfg), p, t, resume_from=r, **data),
                     inputs=[f"{d}/sleep"] + prev)
         info = json.loads(run.path(f"{rel}/socialworld-train.json").read_text())
         losses[name] = info["losses"]

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -25,6 +26,9 @@ MANIFEST_VERSION = "manifest-v1"
 CONTRACT_KEY = "metrics_contract"
 """the config key naming the metrics contract a run is scored under (a stored config without it: v1)"""
 LEGACY_CONTRACT = "metrics-v1"
+TIMINGS = "timings.json"
+"""wall seconds each artifact took to make, by its path: a side file, not an artifact (times are
+not reproducible, the artifacts are)"""
 
 
 def sha256_path(path: Path) -> str:
@@ -122,6 +126,7 @@ class RunDir:
         dest = self.path(rel)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent)) / dest.name
+        t0 = time.perf_counter()
         try:
             write(tmp)
             if dest.is_dir():
@@ -130,4 +135,11 @@ class RunDir:
         finally:
             shutil.rmtree(tmp.parent, ignore_errors=True)
         self.commit(rel, producer, inputs)
+        atomic_write_text(self.root / TIMINGS, json.dumps(self.timings() | {rel: round(time.perf_counter() - t0, 2)},
+                                                          indent=1) + "\n")  # in the order they were made
         return True
+
+    def timings(self) -> dict[str, float]:
+        """Wall seconds each artifact made in this folder took (the last time it was made)."""
+        p = self.root / TIMINGS
+        return json.loads(p.read_text()) if p.exists() else {}

@@ -6,8 +6,8 @@ strict gating, with a report that counts every exclusion by reason.
   ``rollouts`` continuations of the ``continuation`` policy (common random numbers: rollout m of
   every candidate uses the same reseed). Provenance: ``simulator_rollout(<policy>, M, horizon)``.
 * **Action track** (step level) — prompt = the policy's prompt at that step; chosen = the best
-  candidate with the true mental state of the focus NPC as its belief (a hindsight label from
-  the simulator); rejected = what the policy wrote. Kept when the value margin is >= ``margin``.
+  candidate with :func:`~socialworld.lm.policy.belief_target` as its belief (what the
+  observation supports about the focus NPC, never the hidden truth); rejected = what the policy wrote. Kept when the value margin is >= ``margin``.
   With ``wake_chosen="continuation"`` chosen is instead the continuation policy's action at
   that state (DAgger's expert label: the policy is fed the episode's observations in order);
   only the label and the taken action are rolled out. ``label_gate="margin"`` keeps a label only
@@ -65,7 +65,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
 from .core import Action
-from .lm.policy import focus
+from .lm.policy import belief_target
 from .lm.prompts import build_messages
 from .policies import make_policy
 from .records import EpisodeRecord, StepRecord
@@ -240,14 +240,6 @@ def _assistant(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
 
 
-def _belief_text(npc: str | None, truth: dict) -> str:
-    if npc is None:
-        return "BELIEF:"
-    prefs = " ".join(f"{slot}={opt}" for slot, opt in truth["preferences"].get(npc, {}).items())
-    mood = truth["moods"].get(npc)
-    return f"BELIEF: {npc}" + (f" {prefs}" if prefs else "") + (f" mood={mood}" if mood else "")
-
-
 def _pair_id(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -299,8 +291,7 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
         if (ran is not None and best.key == ran.key) or (gated and margin < cfg.margin):
             report.exclude("action", "below_margin")
             continue
-        npc = focus(obs)
-        chosen = f"{_belief_text(npc, s.mental_state.truth)}\nACTION: {best.key}"
+        chosen = f"{belief_target(obs)}\nACTION: {best.key}"
         rejected = s.action.raw.split("\nSAY:", 1)[0].strip() or "(empty)"
         quality = fmean(float(c > r) for c, r in zip(values[best.key], rej_returns))
         pairs.append(Pair(
@@ -343,7 +334,7 @@ def reference_pairs(spec: ScenarioSpec, ref: EpisodeRecord, cfg: SleepConfig, re
             continue
         rej = WorldRNG(derive_seed(*key, "rejected")).choice(worse)
         obs = observe(spec, w.pub)
-        belief = _belief_text(focus(obs), s.mental_state.truth)
+        belief = belief_target(obs)
         chosen, rejected = f"{belief}\nACTION: {best.key}", f"{belief}\nACTION: {rej}"
         pairs.append(Pair(
             id=_pair_id("reference", ref.episode_id, t, chosen, rejected), track="action", scenario_id=ref.scenario_id,
@@ -371,7 +362,7 @@ def _dialogue_pair(spec: ScenarioSpec, ep: EpisodeRecord, w: World, s: StepRecor
                    values: tuple[float, float], qs: tuple[float, float], provenance: str, id_parts: tuple, key: str) -> Pair:
     """A dialogue-track pair at step ``s`` (state ``w``): ``said`` = (chosen, rejected) words."""
     obs = observe(spec, w.pub)
-    head = f"{_belief_text(focus(obs), s.mental_state.truth)}\nACTION: {s.action.executed}\nSAY:"
+    head = f"{belief_target(obs)}\nACTION: {s.action.executed}\nSAY:"
     return Pair(
         id=_pair_id("dialogue", *id_parts, s.setting.step), track="dialogue", scenario_id=ep.scenario_id,
         tier=ep.tier, seed=ep.seed, step=s.setting.step, episode_id=ep.episode_id, prompt=build_messages(obs),
@@ -446,13 +437,13 @@ def utterance_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, rep
 def candidate_pairs(specs: dict[str, ScenarioSpec], wake: Sequence[EpisodeRecord], reference: dict[tuple[str, int], EpisodeRecord],
                     cfg: SleepConfig, report: GatingReport) -> list[Pair]:
     """All pairs of a wake (before screening and gating): action pairs of every episode, then
-    (``cfg.reference_pairs``) action pairs at the reference episodes' states, then dialogue pairs
+    (``cfg.reference_pairs``) action pairs at the states of every reference episode (the wake's
+    seeds and any further training seeds), then dialogue pairs
     against the reference episode of the same scenario and seed, then (``cfg.utterance_pairs``)
     counterfactual utterance pairs of every wake episode."""
     pairs = [p for e in wake for p in action_pairs(specs[e.scenario_id], e, cfg, report)]
     if cfg.reference_pairs != "off":
-        refs = sorted({(e.scenario_id, e.seed) for e in wake})
-        pairs += [p for k in refs for p in reference_pairs(specs[k[0]], reference[k], cfg, report)]
+        pairs += [p for k in sorted(reference) for p in reference_pairs(specs[k[0]], reference[k], cfg, report)]
     pairs += [p for e in wake for p in dialogue_pairs(specs[e.scenario_id], e, reference[(e.scenario_id, e.seed)], cfg, report)]
     if cfg.utterance_pairs:
         pairs += [p for e in wake for p in utterance_pairs(specs[e.scenario_id], e, cfg, report)]

@@ -58,6 +58,25 @@ def program(obs: Observation, say_tokens: int, adapters: tuple[str, str] | None 
     return segs
 
 
+def belief_target(obs: Observation) -> str:
+    """The BELIEF line a trained policy is taught to write at ``obs``, in :func:`program`'s grammar:
+    about the :func:`focus` NPC, what the observation supports (the expert's inference from the
+    public record: what was said, and who accepted which proposal; the mood its cue shows, ``mid``
+    without one). Where nothing is known of a decision, a fixed rule the prompt also shows (the
+    option on the table, else the decision's first option), so every target is a function of the
+    prompt: the simulator's hidden truth (a hindsight label) taught the model to guess what no
+    prompt reveals, and that noise outweighed the few tokens that pick the action."""
+    from ..policies.scripted import Beliefs, ExpertPolicy
+
+    npc = focus(obs)
+    if npc is None:
+        return "BELIEF:"
+    ms = ExpertPolicy.stated(obs, Beliefs().update(obs))
+    known = ms.preferences.get(npc, {})
+    items = [f"{s.id}={known.get(s.id) or s.proposal or s.options[0].id}" for s in obs.slots if npc in s.stakeholders]
+    return " ".join(["BELIEF:", npc, *items, f"mood={ms.moods.get(npc, 'mid')}"])
+
+
 def merge(old: MentalState | None, new: MentalState | None) -> MentalState | None:
     """The running estimate: the latest statement per (npc, slot) preference and per npc mood."""
     if new is None or old is None:

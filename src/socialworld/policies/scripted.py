@@ -203,11 +203,11 @@ class ExpertPolicy:
             m = self._mem.setdefault(k, _ExpertMemory())
             b = m.beliefs.update(obs)
             a = self._choose(m, obs, b)
-            out.append(Decision(a, self._stated(obs, b), raw=a.key))
+            out.append(Decision(a, self.stated(obs, b), raw=a.key))
         return out
 
     @staticmethod
-    def _stated(obs: Observation, b: Beliefs) -> MentalState:
+    def stated(obs: Observation, b: Beliefs) -> MentalState:
         """What was said, plus an inference for the unsaid: whoever accepted a proposal is
         taken to like that option, unless they stated otherwise."""
         ms = b.mental_state(obs)

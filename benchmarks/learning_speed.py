@@ -1,0 +1,133 @@
+"""Learning speed of the bench's default recipe with the bundled model, measured in one run on
+this machine: seconds per training step and per decision, prompt tokens per decision and per
+training row, and the achieved decode throughput against the model's raw batched forward
+throughput on the same prompts.
+
+Run: ``python benchmarks/learning_speed.py`` (about 3 minutes on 2 cores); ``--steps``,
+``--turns`` and ``--lm-batch`` change the sample. ``--json PATH`` also writes the numbers.
+
+* training: :func:`socialworld.train.train_adapter` under ``bench.RECIPE_TRAIN`` (the default
+  preset's trainer, LoRA and dtype) on expert reference pairs (``bench.RECIPE_SLEEP``'s
+  ``own`` labels) at training seeds of every shipped scenario; seconds per step =
+  ``trainer.train()`` wall / steps (the first step's warm-up included, trainer set-up not).
+* decisions: the deployed policy (constrained decoding, as the bench evaluates) on one
+  evaluation seed of every scenario for ``--turns`` lockstep turns, batch = every episode;
+  seconds per decision = wall / decisions. Achieved throughput = (prompt + completion tokens)
+  / wall: decoding is bound by prefilling the prompts.
+* raw: one batched forward pass (no generation) over the same episodes' first prompts,
+  tokens/s = non-padding tokens / seconds; ratio = achieved / raw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from socialworld.bench import RECIPE_SLEEP, RECIPE_TRAIN
+from socialworld.evaluate import episode_seeds
+from socialworld.lm import make_lm_policy
+from socialworld.lm.models import auto_dtype, bundled_path, load_hf
+from socialworld.lm.prompts import build_messages
+from socialworld.loop import train_seeds
+from socialworld.policies import make_policy
+from socialworld.runner import EpisodeJob, run_episodes
+from socialworld.sleep import GatingReport, reference_pairs
+from socialworld.spec import capped, load_builtin_scenarios
+from socialworld.train import compute_dtype, train_adapter
+from socialworld.visibility import observe
+from socialworld.world import World
+
+
+def cpu() -> dict:
+    flags = set()
+    name = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and name in ("", "x86_64"):
+                name = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    import torch
+
+    return {"name": name, "threads": torch.get_num_threads(),
+            "native_bf16": sorted(flags & {"avx512_bf16", "amx_bf16"}), "avx2": "avx2" in flags}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=8, help="training steps measured")
+    ap.add_argument("--turns", type=int, default=3, help="lockstep turns of decisions measured")
+    ap.add_argument("--lm-batch", type=int, default=48, help="prompts per forward pass (the bench's default)")
+    ap.add_argument("--json", default=None, help="also write the numbers here")
+    args = ap.parse_args()
+    import torch
+
+    specs = load_builtin_scenarios()
+    model, tok = load_hf(bundled_path())
+
+    def tokens(messages) -> int:
+        return len(tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"])
+
+    # training rows: the expert's own actions at its states on one training seed per scenario
+    refs = run_episodes(make_policy("expert"), [EpisodeJob(s, train_seeds(0, s.id, 1, 1)[0]) for s in specs.values()])
+    pairs = [p for e in refs for p in reference_pairs(specs[e.scenario_id], e, RECIPE_SLEEP, GatingReport())]
+    row_tokens = [tokens(p.prompt + p.chosen) for p in pairs]
+    completion_tokens = [len(tok(p.chosen[0]["content"], add_special_tokens=False)["input_ids"]) for p in pairs]
+    with tempfile.TemporaryDirectory() as tmp:
+        res = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(RECIPE_TRAIN, steps=args.steps, max_epochs=0), pairs=pairs)
+
+    # decisions: every scenario's first evaluation seed, in one lockstep batch
+    jobs = [EpisodeJob(capped(s, args.turns), episode_seeds(0, s.id, 1)[0]) for s in specs.values()]
+    policy = make_lm_policy("bundled", batch_size=args.lm_batch)
+    t0 = time.perf_counter()
+    eps = run_episodes(policy, jobs, batch_size=len(jobs))
+    wall = time.perf_counter() - t0
+    steps = [s for e in eps for s in e.steps]
+    prompt = sum(s.policy.tokens_in for s in steps)
+    processed = prompt + sum(s.policy.tokens_out for s in steps)
+
+    # raw: one batched forward over the same first prompts
+    texts = [tok.apply_chat_template(build_messages(observe(j.spec, World(j.spec, j.seed).pub)), tokenize=False,
+                                     add_generation_prompt=True) for j in jobs]
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.inference_mode():
+        model(**enc)  # warm-up
+        t1 = time.perf_counter()
+        model(**enc)
+        raw = int(enc["attention_mask"].sum()) / (time.perf_counter() - t1)
+
+    out = {
+        "cpu": cpu(), "torch": torch.__version__,
+        "train": {"recipe": {"method": RECIPE_TRAIN.method, "batch_size": RECIPE_TRAIN.batch_size,
+                             "lora_upper": RECIPE_TRAIN.lora_upper, "target_modules": list(RECIPE_TRAIN.target_modules)},
+                  "dtype": compute_dtype(RECIPE_TRAIN), "rows": len(pairs), "steps": res.steps,
+                  "seconds_per_step": res.train_seconds / res.steps,
+                  "tokens_per_row": sum(row_tokens) / len(row_tokens),
+                  "completion_tokens_per_row": sum(completion_tokens) / len(completion_tokens)},
+        "decode": {"dtype": auto_dtype(), "episodes": len(eps), "decisions": len(steps), "lm_batch": args.lm_batch,
+                   "seconds_per_decision": wall / len(steps), "prompt_tokens_per_decision": prompt / len(steps),
+                   "achieved_tokens_per_s": processed / wall, "raw_forward_tokens_per_s": raw,
+                   "achieved_over_raw": processed / wall / raw},
+    }
+    t, d = out["train"], out["decode"]
+    print(f"cpu: {out['cpu']['name']} ({out['cpu']['threads']} threads, native bf16: {out['cpu']['native_bf16'] or 'no'})")
+    print(f"training ({t['dtype']}, batch {RECIPE_TRAIN.batch_size}, LoRA on the upper {RECIPE_TRAIN.lora_upper:.0%} of layers): "
+          f"{t['seconds_per_step']:.2f} s/step over {t['steps']} steps; {t['tokens_per_row']:.0f} tokens per row "
+          f"({t['completion_tokens_per_row']:.0f} of them completion)")
+    print(f"decoding ({d['dtype']}, batch {d['lm_batch']}): {d['seconds_per_decision']:.3f} s/decision over {d['decisions']} "
+          f"decisions; {d['prompt_tokens_per_decision']:.0f} prompt tokens per decision")
+    print(f"throughput: achieved {d['achieved_tokens_per_s']:.0f} tok/s, raw batched forward {d['raw_forward_tokens_per_s']:.0f} tok/s "
+          f"-> {d['achieved_over_raw']:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
