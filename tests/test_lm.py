@@ -225,7 +225,7 @@ def _free_port() -> int:
 def server(tiny_dir):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "socialworld.cli", "serve", "--model", str(tiny_dir), "--port", str(port),
-                             "--max-new-tokens", "12"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--max-new-tokens", "12", "--dtype", "float32"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.time() + 90
     while time.time() < deadline:

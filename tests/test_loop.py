@@ -14,6 +14,7 @@ from socialworld.loop import LoopConfig, run_loop, train_seeds  # noqa: E402
 from socialworld.evaluate import episode_seeds  # noqa: E402
 from socialworld.sleep import SleepConfig  # noqa: E402
 from socialworld.testing import tiny_lm  # noqa: E402
+from socialworld.templates import POLICY_PROMPT_VERSION  # noqa: E402
 from socialworld.train import TrainConfig  # noqa: E402
 
 
@@ -108,7 +109,7 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="not the same data"):
         run_loop(replace(variant, out=str(tmp_path / "d"), seed=1))
     monkeypatch.setattr(loop_mod, "POLICY_PROMPT_VERSION", "policy-v0")  # records made under another prompt
-    with pytest.raises(ValueError, match="made under prompt policy-v4"):
+    with pytest.raises(ValueError, match=f"made under prompt {POLICY_PROMPT_VERSION}"):
         run_loop(replace(variant, out=str(tmp_path / "prompt")))
     monkeypatch.undo()
 

@@ -50,7 +50,7 @@ RECIPE_SLEEP = SleepConfig(reference_pairs="own", wake_chosen="continuation", la
 expert's label at every state of the policy's wake where it disagrees, and every earlier cycle's
 pairs replayed (no forgetting)."""
 
-RECIPE_TRAIN = TrainConfig(method="sft", steps=100, max_epochs=3.0, batch_size=4, learning_rate=1e-3,
+RECIPE_TRAIN = TrainConfig(method="sft", steps=110, max_epochs=3.0, batch_size=4, learning_rate=1e-3,
                            target_modules=ALL_LINEAR, lora_upper=0.5)
 """Behaviour cloning of those labels with TRL's SFTTrainer: LoRA on every linear layer of the upper
 half, lr 1e-3 (what fitted the labels, docs/design.md), bf16 where native."""
@@ -67,7 +67,7 @@ class Preset:
     """expert episodes per scenario per cycle on training seeds (no language-model time)"""
     train: TrainConfig = RECIPE_TRAIN
     sleep: SleepConfig = RECIPE_SLEEP
-    dialogue_steps: int = 30
+    dialogue_steps: int = 20
     """cap on the dialogue track's steps per cycle"""
     scenarios: tuple[str, ...] = ()
     """a subset of scenario ids (empty: all eight)"""

@@ -497,12 +497,13 @@ def serve_cmd(
     host: str = typer.Option("127.0.0.1", help="address to bind"),
     port: int = typer.Option(8000, help="port"),
     max_new_tokens: int = typer.Option(64, help="default max_tokens of a request"),
+    dtype: str = typer.Option("auto", help="auto (bfloat16 where the hardware has it natively, else float32), float32 or bfloat16"),
 ) -> None:
     """Serve a policy model over an OpenAI-compatible API (/v1/models, /v1/chat/completions)."""
     from .lm.server import serve
 
     try:
-        serve(model, host, port, max_new_tokens)
+        serve(model, host, port, max_new_tokens, dtype)
     except ValueError as err:
         _fail(str(err))
 

@@ -101,7 +101,7 @@ repair(npc) wait() finalize(slot, option) end()"""
 
 # ---------------------------------------------------------------- language-model policy prompts
 
-POLICY_PROMPT_VERSION = "policy-v4"
+POLICY_PROMPT_VERSION = "policy-v5"
 
 # policy-v2: the scenario's static brief moved into the system message (cacheable per
 # scenario); the user message holds only the state at this step. (policy-v1 had both in the
@@ -114,6 +114,12 @@ POLICY_PROMPT_VERSION = "policy-v4"
 # "Known:" list of the last eight preferences; vetoes and dislikes stay in "Known:". Under
 # policy-v3 a behaviour-cloned model kept asking the same person: whom it had not asked yet
 # was spread over the whole prompt.
+# policy-v5: a decision whose proposal every present stakeholder accepted says so ("everyone here
+# agrees": the moment to finalize, which a cloned model otherwise had to infer by comparing two
+# lists), and the system message states the reply format in one template line instead of a
+# worked example (about 70 fewer tokens in every prompt and training row; constrained decoding
+# enforces the format anyway). Under policy-v4 a cloned model kept re-proposing an accepted
+# option across a second tier's scenarios (docs/experiments/).
 _POLICY_SYSTEM_V2 = (
     "You organise a group decision: ask people what they want, propose options they accept, "
     "negotiate with those who refuse, finalize once all agree.\n"
@@ -124,16 +130,27 @@ _POLICY_SYSTEM_V2 = (
     "SAY: Ann and Bob, how about the park? Would that work for you?\n\n"
     "{brief}"
 )
-POLICY_SYSTEM: dict[str, str] = {"policy-v2": _POLICY_SYSTEM_V2, "policy-v3": _POLICY_SYSTEM_V2, "policy-v4": _POLICY_SYSTEM_V2}
+_POLICY_SYSTEM_V5 = (
+    "You organise a group decision: ask people what they want, propose options they accept, negotiate with "
+    "those who refuse, finalize once all agree. Reply in three lines:\n"
+    "BELIEF: <person> <decision>=<option> mood=<low|mid|high>\nACTION: <action>\nSAY: <your words>\n\n"
+    "{brief}"
+)
+POLICY_SYSTEM: dict[str, str] = {"policy-v2": _POLICY_SYSTEM_V2, "policy-v3": _POLICY_SYSTEM_V2, "policy-v4": _POLICY_SYSTEM_V2,
+                                 "policy-v5": _POLICY_SYSTEM_V5}
 
 # fields: obs (the state, prompts.compact), moves (the agent's own last actions, or POLICY_NO_MOVES)
 POLICY_USER: dict[str, str] = {
     "policy-v2": "{obs}",
     "policy-v3": "{obs}\nYou did: {moves}",
     "policy-v4": "{obs}\nYou did: {moves}",
+    "policy-v5": "{obs}\nYou did: {moves}",
 }
-POLICY_WANTS = {"policy-v2": False, "policy-v3": False, "policy-v4": True}
+POLICY_WANTS = {"policy-v2": False, "policy-v3": False, "policy-v4": True, "policy-v5": True}
 """whether the version's state (prompts.compact) shows per-decision wants"""
+POLICY_AGREED = {"policy-v2": False, "policy-v3": False, "policy-v4": False, "policy-v5": True}
+"""whether the version's state says when every present stakeholder accepted a decision's proposal"""
+POLICY_ALL_AGREE = "everyone here agrees"
 POLICY_NO_MOVES = "nothing yet"
 
 # ---------------------------------------------------------------- theory-of-mind stories (issue 6)

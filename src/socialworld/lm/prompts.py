@@ -7,7 +7,8 @@ import re
 from typing import TYPE_CHECKING
 
 from ..core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, SlotView
-from ..templates import POLICY_NO_MOVES, POLICY_PROMPT_VERSION, POLICY_SYSTEM, POLICY_USER, POLICY_WANTS
+from ..templates import (POLICY_AGREED, POLICY_ALL_AGREE, POLICY_NO_MOVES, POLICY_PROMPT_VERSION, POLICY_SYSTEM, POLICY_USER,
+                         POLICY_WANTS)
 from ..visibility import memory_text
 
 if TYPE_CHECKING:
@@ -35,10 +36,11 @@ def wants(b: Beliefs, slot: SlotView) -> str:
     return " ".join(f"{h}={one(h)}" for h in slot.stakeholders)
 
 
-def compact(obs: Observation, with_wants: bool = False) -> str:
+def compact(obs: Observation, with_wants: bool = False, with_agreement: bool = False) -> str:
     """The state at this step, short enough for small models (ids, not labels). ``with_wants``
     (policy-v4): each open decision says what its stakeholders want, and "Known:" keeps only
-    vetoes and dislikes."""
+    vetoes and dislikes. ``with_agreement`` (policy-v5): a proposal every present stakeholder
+    accepted says so."""
     from ..policies.scripted import Beliefs
 
     beliefs = Beliefs().update(obs) if with_wants else None
@@ -57,6 +59,9 @@ def compact(obs: Observation, with_wants: bool = False) -> str:
             line += f"; wants: {wants(beliefs, s)}"
         if s.proposal:
             line += f"; proposed {s.proposal}, yes: {' '.join(s.accepted_by) or '-'}, no: {' '.join(s.rejected_by) or '-'}"
+            here = {n.id for n in obs.npcs if n.present}
+            if with_agreement and all(h in s.accepted_by for h in s.stakeholders if h in here):
+                line += f", {POLICY_ALL_AGREE}"
         lines.append(line)
     kinds = ("vetoes", "dislikes") if with_wants else ("prefers", "vetoes", "dislikes")
     known = [f"{f.npc} {f.kind} {f.option}" for f in obs.facts if f.kind in kinds]
@@ -78,7 +83,8 @@ def compact(obs: Observation, with_wants: bool = False) -> str:
 def build_messages(obs: Observation, version: str = POLICY_PROMPT_VERSION) -> list[dict[str, str]]:
     return [
         {"role": "system", "content": POLICY_SYSTEM[version].format(brief=brief(obs))},
-        {"role": "user", "content": POLICY_USER[version].format(obs=compact(obs, POLICY_WANTS[version]), moves="; ".join(obs.moves) or POLICY_NO_MOVES)},
+        {"role": "user", "content": POLICY_USER[version].format(obs=compact(obs, POLICY_WANTS[version], POLICY_AGREED[version]),
+                                                                moves="; ".join(obs.moves) or POLICY_NO_MOVES)},
     ]
 
 

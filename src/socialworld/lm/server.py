@@ -70,14 +70,14 @@ def make_server(backend: HFBackend, host: str = "127.0.0.1", port: int = 8000, m
     return ThreadingHTTPServer((host, port), Handler)
 
 
-def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_new_tokens: int = 64) -> None:
+def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_new_tokens: int = 64, dtype: str = "auto") -> None:
     """Load ``model`` (a model spec: ``bundled``, a path or hub id) and serve it until interrupted."""
     from .models import bundled_path, load_hf, parse_model_spec
 
     ms = parse_model_spec(model)
     if ms.kind not in ("bundled", "hf"):
         raise ValueError(f"can only serve a local model, not {model!r}")
-    m, tok = load_hf(bundled_path() if ms.kind == "bundled" else ms.name)
+    m, tok = load_hf(bundled_path() if ms.kind == "bundled" else ms.name, dtype=dtype)
     server = make_server(HFBackend(m, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=1), host, port)
     print(f"serving {ms.display} on http://{host}:{port}/v1", flush=True)
     try:
