@@ -356,11 +356,10 @@ def _grammar_text(obs, choose) -> str:
 
 def test_belief_target_is_what_the_observation_supports(specs):
     """The trained BELIEF line is a function of the prompt (the expert's inference, a fixed rule
-    for the unknown), in the decoding grammar, and never the hidden truth where nothing was said."""
+    for the unknown), in the decoding grammar."""
     from socialworld.lm.policy import belief_target, focus
     from socialworld.lm.prompts import parse_belief
     from socialworld.policies.scripted import Beliefs, ExpertPolicy
-    from socialworld.testing import set_hidden
 
     cases = set()
     for sid in ("team_lunch-v1", "book_club-v1", "weather_picnic-v1"):
@@ -386,10 +385,26 @@ def test_belief_target_is_what_the_observation_supports(specs):
                     want = known.get(s.id) or s.proposal or s.options[0].id
                     assert stated.preferences[npc][s.id] == want
                     cases.add("known" if s.id in known else "proposal" if s.proposal else "default")
-            # the hidden truth does not leak: other hidden utilities, the same target
-            other = w.fork()
-            for s in obs.slots:
-                if npc in s.stakeholders:
-                    set_hidden(other, npc, slot=s.id, utilities={o.id: (1.0 if o is s.options[-1] else 0.0) for o in s.options})
-            assert belief_target(observe(specs[sid], other.pub)) == target
     assert cases >= {"known", "default"}
+
+
+def test_prompt_says_when_everyone_here_agrees(specs):
+    """policy-v5: "everyone here agrees" exactly when every present stakeholder accepted the
+    open decision's proposal (the expert's moment to finalize); older versions never say it."""
+    from socialworld.templates import POLICY_ALL_AGREE
+
+    seen = set()
+    for sid in ("team_lunch-v1", "book_club-v1", "hackathon-v1"):
+        for seed, steps in ((seed, steps) for seed in range(1, 5) for steps in range(0, 10)):
+            obs = _obs(specs, sid, seed=seed, steps=steps)
+            text = build_messages(obs)[1]["content"]
+            assert POLICY_ALL_AGREE not in build_messages(obs, "policy-v4")[1]["content"]
+            here = {n.id for n in obs.npcs if n.present}
+            for s in obs.slots:
+                if s.status != "open":
+                    continue
+                line = next(x for x in text.splitlines() if x.startswith(f"{s.id}: open"))
+                agreed = s.proposal is not None and all(h in s.accepted_by for h in s.stakeholders if h in here)
+                assert (POLICY_ALL_AGREE in line) == agreed
+                seen.add(agreed)
+    assert seen == {True, False}

@@ -13,6 +13,8 @@ from socialworld.sleep import (
     reference_pairs, replay, rollout_returns, screen_and_gate, utterance_pairs, write_pairs,
 )
 from socialworld.testing import FixedPolicy
+from socialworld.visibility import observe
+from socialworld.world import World
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +139,18 @@ def test_reference_pairs_cover_the_reference_episode_states(lunch):
     # "own": chosen is the reference's own action at every kept step
     own = reference_pairs(lunch, ref, replace(cfg, reference_pairs="own"), GatingReport())
     assert own
+    # every belief target is what the pair's own prompt supports, never the step's hidden truth
+    from socialworld.lm.policy import belief_target
+
+    truth_differs = 0
+    for p in own + pairs:
+        obs = observe(lunch, World.restore(p.snapshot, lunch).pub)
+        assert p.chosen[0]["content"].split("\nACTION: ")[0] == belief_target(obs)
+        truth = ref.steps[p.step].mental_state.truth
+        npc = belief_target(obs).split()[1]
+        truth_differs += any(truth["preferences"].get(npc, {}).get(k) != v for k, v in
+                             (kv.split("=") for kv in belief_target(obs).split()[2:-1]))
+    assert truth_differs > 0  # the old hindsight targets would have differed here
     for p in own:
         assert p.chosen[0]["content"].split("\nACTION: ")[1] == recorded_action(ref.steps[p.step]).key
         assert p.chosen_value - p.rejected_value >= cfg.margin

@@ -249,9 +249,12 @@ def _ratio(b: float, a: float) -> float | None:
 SUITES: dict[str, dict[str, dict]] = {
     # M0 (untrained) is every variant's cycle 0; each entry overrides the full loop's settings
     "methods": {
-        "M1-sft": {"sleep": {"reference_pairs": "off", "wake_chosen": "best", "label_gate": "margin", "replay": 0.0}},
-        "M2-grpo": {"train": {"method": "grpo"}, "tracks": ("action",), "sleep": {"gating": "off"}},
-        "M3-dpo-trajectory-ungated": {"train": {"method": "dpo"}, "tracks": ("dialogue",), "sleep": {"gating": "off"}},
+        # behaviour cloning of the expert's trajectories alone: no DAgger labels, no replay, one track
+        "M1-sft": {"tracks": ("action",), "sleep": {"wake_chosen": "best", "label_gate": "margin", "replay": 0.0}},
+        "M2-grpo": {"train": {"method": "grpo", "steps": 20, "learning_rate": 1e-4}, "tracks": ("action",),
+                    "sleep": {"gating": "off", "replay": 0.0}},
+        "M3-dpo-trajectory-ungated": {"train": {"method": "dpo", "learning_rate": 1e-4}, "tracks": ("dialogue",),
+                                      "sleep": {"gating": "off", "replay": 0.0}},
         "M4-full": {},
     },
     "ablations": {

@@ -206,16 +206,19 @@ def loop_cmd(
     from .train import TrainConfig
 
     tiers = [t for x in (tiers or ["L0"]) for t in x.split(",") if t]
-    cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), scenarios=tuple(scenario or ()), train_episodes=train_episodes,
-                     reference_episodes=reference_episodes, dialogue_steps=dialogue_steps,
-                     eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
-                     unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged,  # type: ignore[arg-type]
-                     sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold, reference_pairs=reference_pairs,  # type: ignore[arg-type]
-                                   replay=replay, wake_chosen=wake_chosen, label_gate=label_gate),
-                     train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight,  # type: ignore[arg-type]
-                                       lora_r=lora_r, lora_alpha=2 * lora_r, max_epochs=max_epochs, batch_size=batch_size,
-                                       lora_upper=lora_upper, dtype=dtype,  # type: ignore[arg-type]
-                                       target_modules=tuple(m for m in target_modules.split(",") if m)))
+    try:  # a bad option fails here, before any work, with the config's own message
+        cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), scenarios=tuple(scenario or ()), train_episodes=train_episodes,
+                         reference_episodes=reference_episodes, dialogue_steps=dialogue_steps,
+                         eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
+                         unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged,  # type: ignore[arg-type]
+                         sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold, reference_pairs=reference_pairs,  # type: ignore[arg-type]
+                                       replay=replay, wake_chosen=wake_chosen, label_gate=label_gate),
+                         train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight,  # type: ignore[arg-type]
+                                           lora_r=lora_r, lora_alpha=2 * lora_r, max_epochs=max_epochs, batch_size=batch_size,
+                                           lora_upper=lora_upper, dtype=dtype,  # type: ignore[arg-type]
+                                           target_modules=tuple(m for m in target_modules.split(",") if m)))
+    except ValueError as err:
+        _fail(str(err))
     summaries = _with_bars(lambda progress: run_loop(cfg, log=_say, progress=progress))
     t = Table(title=escape(f"loop: {out} ({METRICS_CONTRACT})"))
     for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "solve", "D", "CR",

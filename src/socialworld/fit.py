@@ -100,8 +100,8 @@ def chosen_action_logprobs(model, tokenizer, pairs: Sequence[Pair]) -> list[floa
         pre = tokenizer(prefix, add_special_tokens=False)["input_ids"]
         ids = tokenizer(key, add_special_tokens=False)["input_ids"]
         with torch.inference_mode():
-            logits = model(torch.tensor([pre + ids])).logits[0, len(pre) - 1 : -1].float()
-        out.append(float(torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None]).sum()))
+            logits = model(torch.tensor([pre + ids], device=model.device)).logits[0, len(pre) - 1 : -1].float()
+        out.append(float(torch.log_softmax(logits, -1).gather(1, torch.tensor(ids, device=logits.device)[:, None]).sum()))
     return out
 
 

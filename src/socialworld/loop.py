@@ -63,8 +63,8 @@ class LoopConfig:
         "the run stores each file's spec and is resumed by id without it")})
     train_episodes: int = field(default=4, metadata={"help": "wake episodes per scenario per cycle (training seeds)"})
     reference_episodes: int = field(default=0, metadata={"help": (
-        "continuation-policy (expert) episodes per scenario per cycle on training seeds, for reference pairs "
-        "(0: the wake's seeds only); they cost no language-model time")})
+        "continuation-policy (expert) episodes per scenario per cycle on training seeds, the wake's seeds first "
+        "(at least train_episodes; 0: just the wake's); with reference_pairs they give pairs at no language-model cost")})
     eval_episodes: int = field(default=3, metadata={"help": "evaluation episodes per scenario (fixed held-out seeds)"})
     seed: int = field(default=0, metadata={"help": "run seed"})
     max_turns: int = field(default=0, metadata={"help": "cap every scenario's turn budget (0: the scenario's own; smoke runs)"})

@@ -53,6 +53,20 @@ def with_defaults(doc: dict[str, Any], defaults: dict[str, Any]) -> dict[str, An
     return out
 
 
+def _differences(old: dict[str, Any], new: dict[str, Any], skip: Sequence[str] = (), prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) of every leaf where two configs differ."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        if k in skip:
+            continue
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, (), f"{prefix}{k}.")
+        elif a != b:
+            out.append((f"{prefix}{k}", a, b))
+    return out
+
+
 class RunDir:
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -84,7 +98,9 @@ class RunDir:
                                  "numbers of different metrics contracts are never mixed: use a new run folder")
             grown = [k for k in may_grow if isinstance(old.get(k), int) and isinstance(new.get(k), int) and new[k] > old[k]]
             if {k: v for k, v in old.items() if k not in grown} != {k: v for k, v in new.items() if k not in grown}:
-                raise ValueError(f"{path} exists with a different config: resume with the same settings or use a new run folder")
+                differ = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in _differences(old, new, grown))
+                raise ValueError(f"{path} exists with a different config ({differ}): resume with the same settings "
+                                 "or use a new run folder")
         atomic_write_text(path, text)
 
     # ------------------------------------------------------------------ artifacts
@@ -141,5 +157,8 @@ class RunDir:
 
     def timings(self) -> dict[str, float]:
         """Wall seconds each artifact made in this folder took (the last time it was made)."""
-        p = self.root / TIMINGS
-        return json.loads(p.read_text()) if p.exists() else {}
+        try:
+            doc = json.loads((self.root / TIMINGS).read_text())
+        except (OSError, ValueError):  # absent or damaged: times are a convenience, never a reason to stop a run
+            return {}
+        return doc if isinstance(doc, dict) else {}

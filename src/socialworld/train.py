@@ -251,7 +251,8 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
     # the adapter alone (config + weights): no training_args.bin, whose pickled paths differ per run
     trainer.model.save_pretrained(str(out))
     t2 = time.perf_counter()
-    (out / "socialworld-train.json").write_text(json.dumps({"config": asdict(cfg), "losses": losses, "rows": rows}, indent=1))
+    (out / "socialworld-train.json").write_text(json.dumps({"config": asdict(cfg), "dtype": compute_dtype(cfg), "steps": trainer.state.global_step,
+                                                            "losses": losses, "rows": rows}, indent=1))
     return TrainResult(cfg.method, trainer.state.global_step, losses, t2 - t0, str(out), train_seconds=train_seconds)
 
 
