@@ -45,12 +45,12 @@ REFERENCES = ("oracle", "random")
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-RECIPE_SLEEP = SleepConfig(reference_pairs="own", wake_chosen="continuation", label_gate="disagree", replay=1.0)
+RECIPE_SLEEP = SleepConfig(reference_pairs="own", wake_chosen="continuation", label_gate="disagree", replay=0.5)
 """The sleep that teaches (DAgger): the expert's own actions at its states on training seeds, the
-expert's label at every state of the policy's wake where it disagrees, and every earlier cycle's
-pairs replayed (no forgetting)."""
+expert's label at every state of the policy's wake where it disagrees, and earlier cycles' pairs
+replayed (up to half as many as this cycle's: no forgetting, without drowning the new tier)."""
 
-RECIPE_TRAIN = TrainConfig(method="sft", steps=110, max_epochs=3.0, batch_size=4, learning_rate=1e-3,
+RECIPE_TRAIN = TrainConfig(method="sft", steps=130, max_epochs=3.0, batch_size=4, learning_rate=1e-3,
                            target_modules=ALL_LINEAR, lora_upper=0.5)
 """Behaviour cloning of those labels with TRL's SFTTrainer: LoRA on every linear layer of the upper
 half, lr 1e-3 (what fitted the labels, docs/design.md), bf16 where native."""
@@ -82,7 +82,7 @@ PRESETS: dict[str, Preset] = {
                     scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
     # the protocol's 45 evaluation episodes per arm, the recipe that learns, within 40 minutes on a
     # 2-core CPU (measured: see the README)
-    "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=6),
+    "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=3),
     # the full budget
     "paper": Preset(eval_episodes=3, train_episodes=8, reference_episodes=16, train=replace(RECIPE_TRAIN, steps=400),
                    dialogue_steps=100),
