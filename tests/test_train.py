@@ -99,3 +99,16 @@ def test_deployed_policy_records_both_adapters(specs, tiny_dir, pairs, tmp_path)
     assert all(s.action.parse_status == "ok" for s in ep.steps)
     with pytest.raises(ValueError, match="action and/or dialogue"):
         make_lm_policy(str(tiny_dir), dtype="float32", adapters={"x": str(tmp_path / "action")})
+
+
+@slow
+def test_completion_only_loss_equals_trls(tiny_dir, pairs, tmp_path, monkeypatch):
+    """The SFT loss projected at completion positions only is TRL's own loss (fp32, same seed)."""
+    import socialworld.train as train_mod
+    from trl import SFTTrainer
+
+    cfg = TrainConfig(method="sft", steps=2, batch_size=2, dtype="float32", max_length=1024)
+    ours = train_adapter(tiny_dir, tmp_path / "ours", cfg, pairs=pairs)
+    monkeypatch.setattr(train_mod, "_completion_sft_trainer", lambda: SFTTrainer)
+    trls = train_adapter(tiny_dir, tmp_path / "trl", cfg, pairs=pairs)
+    assert ours.losses == pytest.approx(trls.losses, rel=1e-4) and len(ours.losses) == 2
