@@ -49,6 +49,7 @@ def compact(obs: Observation, with_wants: bool = False, with_agreement: bool = F
         lines.append(f"Budget left: {obs.budget_left:g}")
     lines.append("Here: " + ", ".join(
         n.id + (f" ({n.cue.split(' ', 1)[1]})" if n.cue else "") for n in obs.npcs if n.present))
+    here = {n.id for n in obs.npcs if n.present}
     for s in obs.slots:
         if s.status != "open":
             lines.append(f"{s.id}: {s.status}" + (f" {s.choice}" if s.choice else ""))
@@ -59,7 +60,6 @@ def compact(obs: Observation, with_wants: bool = False, with_agreement: bool = F
             line += f"; wants: {wants(beliefs, s)}"
         if s.proposal:
             line += f"; proposed {s.proposal}, yes: {' '.join(s.accepted_by) or '-'}, no: {' '.join(s.rejected_by) or '-'}"
-            here = {n.id for n in obs.npcs if n.present}
             if with_agreement and all(h in s.accepted_by for h in s.stakeholders if h in here):
                 line += f", {POLICY_ALL_AGREE}"
         lines.append(line)
