@@ -55,3 +55,46 @@ def test_s3ap_export_import_round_trip(specs):
     assert [t["mental_state"] for t in trace] == [s.mental_state.stated for s in ep.steps]
     assert back.timesteps[0].observations["agent"].count("<mental_state>") == 1
     assert set(back.agents) == {"agent", *specs[ep.scenario_id].npc_ids}
+
+
+_NASTY = ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\r", "\r\n", "\n", "\ud800", "\udfff",
+          "\ud83d", "\x00", "\"", "\\", "é", "😀", "\ufeff", " "]
+
+
+def _fuzz(rng, n=12):
+    """Random text with the characters above; a high surrogate followed by a low one is one
+    character in UTF-16 (and in JSON), so such a pair is joined here as any decoder would."""
+    text = "".join(rng.choice(_NASTY) if rng.random() < 0.4 else rng.choice("abc xyz,.!") for _ in range(n))
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
+
+
+def test_any_model_text_round_trips_through_records(tmp_path):
+    """Fuzzed utterances and unparseable replies (line separators, lone surrogates, NUL, quotes)
+    write and read back exactly, in JSONL and Parquet, and each record stays one line."""
+    import random
+
+    rng = random.Random(7)
+    spec = tiny_spec()
+    for trial in range(24):
+        script = [f"propose(film, drama, all) | {_fuzz(rng)}", _fuzz(rng, 30), f"inquire(ann, film) | {_fuzz(rng)}"]
+        eps = run_episodes(FixedPolicy(script), [EpisodeJob(spec, trial)])
+        assert eps[0].steps[1].action.raw == script[1]  # unparseable output kept as written
+        write_jsonl(tmp_path / "e.jsonl", eps)
+        write_parquet(tmp_path / "e.parquet", eps)
+        assert read_jsonl(tmp_path / "e.jsonl") == eps and read_parquet(tmp_path / "e.parquet") == eps
+        assert (tmp_path / "e.jsonl").read_bytes().count(b"\n") == len(eps)
+        assert len((tmp_path / "e.jsonl").read_text(encoding="utf-8").splitlines()) == len(eps)  # any line reader agrees
+
+
+def test_reply_parser_breaks_lines_at_newline_only():
+    from socialworld.lm.prompts import parse_output
+    from socialworld.visibility import observe
+    from socialworld.world import World
+
+    obs = observe(tiny_spec(), World(tiny_spec(), 0).pub)
+    for sep in ("\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\r"):
+        action, _, error = parse_output(f"SAY: hi{sep}ACTION: end()", obs)
+        assert action is None and error == "no ACTION line"
+    for sep in ("\n", "\r\n"):
+        action, _, error = parse_output(f"SAY: hi{sep}ACTION: end()", obs)
+        assert action is not None and action.kind == "end" and error is None

@@ -1,5 +1,6 @@
 """Sleep phase: exact replay, counterfactual pairs from real forks, screening, gating."""
 
+import json
 from dataclasses import replace
 from statistics import fmean
 
@@ -260,3 +261,19 @@ def test_utterance_pairs_compare_words_for_the_same_action_from_real_forks(lunch
     on = candidate_pairs(specs, [mute], {(lunch.id, 21): expert}, cfg, GatingReport())
     off = candidate_pairs(specs, [mute], {(lunch.id, 21): expert}, replace(cfg, utterance_pairs=False), GatingReport())
     assert {p.id for p in on} - {p.id for p in off} == {p.id for p in pairs}
+
+
+def test_pairs_replace_and_count_lone_surrogates(lunch, tmp_path):
+    """Parquet strings are UTF-8: a lone surrogate a model wrote becomes U+FFFD in the pairs, counted."""
+    expert = run_episodes(make_policy("expert"), [EpisodeJob(lunch, 21)])[0]
+    keys = [recorded_action(s).key for s in expert.steps]
+    odd = run_episodes(FixedPolicy([f"{k} | ok \ud800 then" for k in keys]), [EpisodeJob(lunch, 21)])[0]
+    assert odd.steps[0].dialogue.utterance == "ok \ud800 then"  # the record keeps it exactly
+    pairs = dialogue_pairs(lunch, odd, expert, SleepConfig(), GatingReport())
+    assert pairs and any("\ud800" in p.rejected[0]["content"] for p in pairs)
+    path = tmp_path / "pairs.parquet"
+    replaced = write_pairs(path, pairs)
+    back = read_pairs(path)
+    raw = [json.dumps(p.model_dump(), ensure_ascii=False) for p in pairs]
+    assert replaced == sum(r.count("\ud800") for r in raw) > 0
+    assert all("\ud800" not in json.dumps(p.model_dump(), ensure_ascii=False) for p in back) and any("ok \ufffd then" in p.rejected[0]["content"] for p in back)

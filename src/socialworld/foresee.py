@@ -168,7 +168,7 @@ def parse_reactions(text: str, present: Sequence[str]) -> dict[str, Reaction]:
     """Strictly parse ``npc: mood=X stance=Y`` lines; every present NPC exactly once, nobody else.
     Raises ``ValueError`` naming what is wrong."""
     out: dict[str, Reaction] = {}
-    for line in text.strip().splitlines():
+    for line in text.strip().split("\n"):  # "\n" (and "\r\n") only, as the policy's reply parser
         if not line.strip():
             continue
         m = _LINE.match(line)

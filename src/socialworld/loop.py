@@ -261,7 +261,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
                 kept = add_replay(kept, old, cfg.sleep, report, key=(c,))
             _p.mkdir()
             for t in TRACKS:
-                write_pairs(_p / f"pairs-{t}.parquet", [p for p in kept if p.track == t])
+                report.replaced += write_pairs(_p / f"pairs-{t}.parquet", [p for p in kept if p.track == t])
             atomic_write_text(_p / "gating.json", json.dumps(report.as_dict(), indent=1, sort_keys=True) + "\n")
 
         run.produce(f"{d}/sleep", "sleep", sleep_all, inputs=[f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl", *earlier])

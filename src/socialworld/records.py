@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 STEP_SCHEMA = "step-v1"
 EPISODE_SCHEMA = "episode-v1"
 
+R = TypeVar("R", bound=BaseModel)
 Source = Literal["direct", "fused", "degraded", "proxy", "missing"]
 
 
@@ -205,8 +207,29 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
+_UNSAFE = re.compile("[\u0085\u2028\u2029\ud800-\udfff]")
+"""characters JSON may leave raw that break a line for ``str.splitlines`` (NEL, the Unicode line
+and paragraph separators) or a UTF-8 write (lone surrogates)"""
+
+
+def record_json(record: BaseModel) -> str:
+    """A record as one line of JSON that any text survives: what a model wrote is kept exactly,
+    with line separators (U+0085, U+2028, U+2029) and lone surrogates written as ``\\uXXXX``
+    escapes (control characters are escaped by JSON itself), so the line is valid UTF-8 and no
+    reader can split it. Read back with :func:`record_from_json`. (A high surrogate followed by a
+    low one reads back as the one character the pair encodes, as in any UTF-16 or JSON text.)"""
+    text = json.dumps(record.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":"))
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def record_from_json(model: type[R], text: str) -> R:
+    """Parse :func:`record_json`'s output (or any JSON of ``model``), lone-surrogate escapes included
+    (which pydantic's own JSON parser refuses)."""
+    return model.model_validate(json.loads(text))
+
+
 def to_jsonl(episodes: Iterable[EpisodeRecord]) -> str:
-    return "".join(e.model_dump_json() + "\n" for e in episodes)
+    return "".join(record_json(e) + "\n" for e in episodes)
 
 
 def write_jsonl(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
@@ -215,10 +238,10 @@ def write_jsonl(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
 
 def read_jsonl(path: str | Path) -> list[EpisodeRecord]:
     out = []
-    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), 1):  # "\n" only: see record_json
         if line.strip():
             try:
-                out.append(EpisodeRecord.model_validate_json(line))
+                out.append(record_from_json(EpisodeRecord, line))
             except ValueError as err:
                 raise ValueError(f"{path}:{i}: not an episode record: {err}") from None
     return out
@@ -246,7 +269,7 @@ def write_parquet(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
                 "metrics_contract": None if m is None else m.contract,
                 **{k: (None if m is None else getattr(m, k).value) for k in ("U", "A_e", "S_npc", "D", "CR")},
                 "schema_version": e.schema_version,
-                "record": e.model_dump_json(),
+                "record": record_json(e),
             }
         )
     schema = pa.schema(
@@ -281,7 +304,7 @@ def write_parquet(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
 def read_parquet(path: str | Path) -> list[EpisodeRecord]:
     import pyarrow.parquet as pq
 
-    return [EpisodeRecord.model_validate_json(r) for r in pq.read_table(path, columns=["record"]).column("record").to_pylist()]
+    return [record_from_json(EpisodeRecord, r) for r in pq.read_table(path, columns=["record"]).column("record").to_pylist()]
 
 
 def dumps_canonical(obj: Any) -> str:

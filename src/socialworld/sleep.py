@@ -53,11 +53,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
-from typing import Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -164,13 +165,15 @@ class GatingReport:
     """(track, reason) -> count"""
     replayed: dict[str, int] = field(default_factory=dict)
     """track -> pairs added from earlier cycles (not in ``kept``)"""
+    replaced: int = 0
+    """lone surrogates in the written pairs' text replaced by U+FFFD (Parquet strings are UTF-8)"""
 
     def exclude(self, track: str, reason: str) -> None:
         self.excluded[f"{track}:{reason}"] += 1
 
     def as_dict(self) -> dict:
         return {"candidates": self.candidates, "kept": dict(self.kept), "excluded": dict(sorted(self.excluded.items())),
-                "replayed": dict(self.replayed)}
+                "replayed": dict(self.replayed), "replaced_surrogates": self.replaced}
 
 
 # ------------------------------------------------------------------ replay and counterfactual values
@@ -525,10 +528,28 @@ def add_replay(kept: Sequence[Pair], earlier: Sequence[Pair], cfg: SleepConfig, 
     return out
 
 
-def write_pairs(path: str | Path, pairs: Sequence[Pair]) -> None:
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _replace_surrogates(obj: Any) -> tuple[Any, int]:
+    """``obj`` with every lone surrogate in its strings replaced by U+FFFD, and how many were."""
+    if isinstance(obj, str):
+        return _SURROGATE.subn("\ufffd", obj)
+    if isinstance(obj, dict):
+        items = [(k, *_replace_surrogates(v)) for k, v in obj.items()]
+        return {k: v for k, v, _ in items}, sum(n for _, _, n in items)
+    if isinstance(obj, list):
+        items = [_replace_surrogates(v) for v in obj]
+        return [v for v, _ in items], sum(n for _, n in items)
+    return obj, 0
+
+
+def write_pairs(path: str | Path, pairs: Sequence[Pair]) -> int:
     """Parquet with TRL's conversational preference columns (prompt/chosen/rejected as lists of
-    {role, content}) plus the metadata columns."""
-    rows = [p.model_dump() for p in pairs]
+    {role, content}) plus the metadata columns. Parquet strings are UTF-8, so a lone surrogate a
+    model wrote (kept exactly in the episode records) is replaced by U+FFFD here; returns how many
+    were (the sleep phase counts them in ``gating.json``)."""
+    rows, replaced = _replace_surrogates([p.model_dump() for p in pairs])
     msg = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
     schema = pa.schema([
         ("schema_version", pa.string()), ("id", pa.string()), ("track", pa.string()), ("scenario_id", pa.string()),
@@ -538,6 +559,7 @@ def write_pairs(path: str | Path, pairs: Sequence[Pair]) -> None:
         ("evidence", pa.struct([(k, pa.string()) for k in EVIDENCE_KEYS])), ("template_key", pa.string()), ("snapshot", pa.string()),
     ])
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(path))
+    return replaced
 
 
 def read_pairs(path: str | Path) -> list[Pair]:

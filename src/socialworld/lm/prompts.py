@@ -121,9 +121,10 @@ def parse_belief(text: str, obs: Observation) -> MentalState:
 def parse_output(text: str, obs: Observation) -> tuple[Action | None, MentalState | None, str | None]:
     """Strictly parse a model's reply. The ACTION line is required and must be one canonical
     action; SAY gives the utterance (empty if absent); BELIEF, if malformed, is dropped (the
-    step then has no stated mental state). Returns (action, mental_state, error)."""
+    step then has no stated mental state). Returns (action, mental_state, error). Lines break at
+    ``\n`` (and ``\r\n``) only: ``SAY: hi\u2028ACTION: end()`` is one SAY line, no action."""
     fields: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         m = _LINE.match(line)
         if m and m.group(1).upper() not in fields:
             fields[m.group(1).upper()] = m.group(2)
