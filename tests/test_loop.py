@@ -58,7 +58,7 @@ def test_progressive_merged_loop(tmp_path):
     assert [s["tiers"] for s in out] == [["L0"], ["L0", "L1"]]
     assert set(out[1]["by_tier"]) == {"L0", "L1"} and "vs_baseline" not in out[1]
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())["artifacts"]
-    assert "cycle-1/sleep" in manifest["cycle-2/sleep"]["inputs"]
+    assert manifest["cycle-2/sleep"]["inputs"]["cycle-1/sleep"] == manifest["cycle-1/sleep"]["sha256"]
     assert "cycle-1/train/merged/adapter" in manifest and not any("/train/action" in k for k in manifest)
     eps = [json.loads(line) for line in (tmp_path / "m" / "cycle-2/eval/episodes.jsonl").read_text().splitlines()]
     h = eps[0]["steps"][0]["policy"]["adapter_hash"]
@@ -159,6 +159,59 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
             assert _without_latency(tmp_path / "a" / rel) == _without_latency(tmp_path / "b" / rel), rel
         else:
             assert again[rel]["sha256"] == manifest[rel]["sha256"], rel
+
+    # more kill points, each resumed to the uninterrupted run's artifacts: inside the rollouts
+    # (the first evaluation with its fused wake, the expert's reference episodes, a trained
+    # evaluation) and inside cycle 2's sleep phase; a kill -9's temporary names are removed
+    import shutil
+    import tempfile
+
+    from socialworld.runner import run_episodes
+
+    def killer(real_fn, at):
+        calls = []
+
+        def fn(*a, **k):
+            calls.append(1)
+            if len(calls) == at:
+                raise KeyboardInterrupt
+            return real_fn(*a, **k)
+        return fn
+
+    for name, target, real_fn, at in (("rollout1", "run_episodes", run_episodes, 1), ("rollout2", "run_episodes", run_episodes, 2),
+                                      ("rollout4", "run_episodes", run_episodes, 4),
+                                      ("sleep2", "screen_and_gate", loop_mod.screen_and_gate, 2)):
+        monkeypatch.setattr(loop_mod, target, killer(real_fn, at))
+        with pytest.raises(KeyboardInterrupt):
+            run_loop(_cfg(tiny_dir, tmp_path / name), log=lambda _: None)
+        monkeypatch.setattr(loop_mod, target, real_fn)
+        tempfile.mkdtemp(prefix=".episodes.jsonl.", dir=tmp_path / name)  # what a kill -9 mid-write leaves
+        assert run_loop(_cfg(tiny_dir, tmp_path / name), log=lambda _: None) == full, name
+        _same_artifacts(tmp_path / name, tmp_path / "a")
+
+    # an input damaged between two runs is made again, and the run ends as the uninterrupted one
+    shutil.copytree(tmp_path / "a", tmp_path / "damaged")
+    conf = yaml.safe_load((tmp_path / "damaged" / "config.yaml").read_text())
+    (tmp_path / "damaged" / "config.yaml").write_text(yaml.safe_dump(conf | {"out": str(tmp_path / "damaged")}, sort_keys=True))
+    wake = tmp_path / "damaged" / "cycle-1/wake/episodes.jsonl"
+    wake.write_text(wake.read_text()[:100])
+    logs.clear()
+    assert run_loop(_cfg(tiny_dir, tmp_path / "damaged"), log=logs.append) == full
+    assert any(m.startswith("cycle 1 (L0): wake ") for m in logs)  # made again
+    _same_artifacts(tmp_path / "damaged", tmp_path / "a")
+
+
+def _same_artifacts(run, reference):
+    """Two loop folders hold the same artifacts, byte for byte (records: but for ``latency_s``),
+    and no temporary names."""
+    ours, theirs = (json.loads((r / "manifest.json").read_text())["artifacts"] for r in (run, reference))
+    assert set(ours) == set(theirs)
+    for rel in theirs:
+        if rel.endswith(".jsonl"):
+            assert _without_latency(run / rel) == _without_latency(reference / rel), rel
+        else:
+            assert ours[rel]["sha256"] == theirs[rel]["sha256"], rel
+    assert not [p for p in run.rglob(".*")], "temporary names left"
 
 
 def _without_latency(path):

@@ -25,7 +25,8 @@ def test_produce_commit_and_resume(tmp_path):
 
     assert run.produce("a/adapter", "train", write_dir, inputs=["a/one.txt"])
     m = json.loads((tmp_path / "r" / "manifest.json").read_text())
-    assert m["artifacts"]["a/adapter"]["inputs"] == ["a/one.txt"] and len(m["artifacts"]["a/one.txt"]["sha256"]) == 64
+    assert m["artifacts"]["a/adapter"]["inputs"] == {"a/one.txt": m["artifacts"]["a/one.txt"]["sha256"]}
+    assert len(m["artifacts"]["a/one.txt"]["sha256"]) == 64
 
     # a fresh handle (a resumed process) sees the same complete artifacts
     again = RunDir(tmp_path / "r")
@@ -93,3 +94,43 @@ def test_reuse_from_a_run_of_another_metrics_contract_is_refused(tmp_path):
     mine = LoopConfig(out=str(tmp_path / "new"), reuse_from=str(src.root))
     with pytest.raises(ContractMismatch, match="scored under metrics-v1"):
         _reuse(RunDir(tmp_path / "new"), mine, config_doc(mine, {}))
+
+
+def test_an_input_made_again_differently_remakes_what_was_built_from_it(tmp_path):
+    """Inputs are recorded with their hashes: a rebuilt input with other bytes makes everything
+    downstream incomplete, down the chain; one rebuilt byte for byte keeps it."""
+    run = RunDir(tmp_path)
+    text = {"v": "one"}
+    run.produce("wake.txt", "wake", lambda p: p.write_text(text["v"]))
+    run.produce("pairs.txt", "sleep", lambda p: p.write_text("pairs of " + (tmp_path / "wake.txt").read_text()), inputs=["wake.txt"])
+    run.produce("adapter.txt", "train", lambda p: p.write_text("trained on " + (tmp_path / "pairs.txt").read_text()),
+                inputs=["pairs.txt"])
+    (tmp_path / "wake.txt").write_text("corrupted")
+    run = RunDir(tmp_path)
+    assert run.produce("wake.txt", "wake", lambda p: p.write_text(text["v"]))  # redone, the same bytes
+    assert run.complete("pairs.txt") and run.complete("adapter.txt")
+    text["v"] = "two"
+    (tmp_path / "wake.txt").write_text("corrupted")
+    run = RunDir(tmp_path)
+    assert run.produce("wake.txt", "wake", lambda p: p.write_text(text["v"]))  # redone, other bytes
+    assert run.stale_inputs("pairs.txt") == ["wake.txt"] and not run.complete("pairs.txt")
+    assert run.produce("pairs.txt", "sleep", lambda p: p.write_text("pairs of " + (tmp_path / "wake.txt").read_text()),
+                       inputs=["wake.txt"])
+    assert not run.complete("adapter.txt")  # its input was remade with other bytes
+    assert run.produce("adapter.txt", "train", lambda p: p.write_text("trained on " + (tmp_path / "pairs.txt").read_text()),
+                       inputs=["pairs.txt"])
+    assert (tmp_path / "adapter.txt").read_text() == "trained on pairs of two"
+
+
+def test_a_killed_runs_temporary_names_are_removed_on_reopen(tmp_path):
+    import tempfile
+
+    run = RunDir(tmp_path)
+    run.produce("keep/a.txt", "x", lambda p: p.write_text("a"))
+    (tmp_path / "keep").joinpath(".gitignore").write_text("*")  # not ours: kept
+    left_dir = tempfile.mkdtemp(prefix=".adapter.", dir=tmp_path / "keep")  # as produce names them
+    (tmp_path / "keep" / left_dir / "adapter").mkdir()
+    left_file = tempfile.mkstemp(prefix=".manifest.json.", suffix=".tmp", dir=tmp_path)[1]  # as atomic_write_text
+    RunDir(tmp_path)
+    assert not (tmp_path / "keep" / left_dir).exists() and not (tmp_path / left_file).exists()
+    assert (tmp_path / "keep" / ".gitignore").exists() and RunDir(tmp_path).complete("keep/a.txt")

@@ -112,3 +112,25 @@ def test_completion_only_loss_equals_trls(tiny_dir, pairs, tmp_path, monkeypatch
     monkeypatch.setattr(train_mod, "_completion_sft_trainer", lambda: SFTTrainer)
     trls = train_adapter(tiny_dir, tmp_path / "trl", cfg, pairs=pairs)
     assert ours.losses == pytest.approx(trls.losses, rel=1e-4) and len(ours.losses) == 2
+
+
+@slow
+def test_adapter_hash_is_the_same_across_processes_and_hash_seeds(tiny_dir, pairs, tmp_path):
+    """Two processes with different PYTHONHASHSEED train the same adapter: the same bytes, the same hash."""
+    import os
+    import subprocess
+    import sys
+
+    from socialworld.sleep import write_pairs
+
+    write_pairs(tmp_path / "pairs.parquet", pairs)
+    code = ("import sys; from socialworld.train import TrainConfig, train_adapter; "
+            "train_adapter(sys.argv[1], sys.argv[2], TrainConfig(method='sft', steps=2, batch_size=2, dtype='float32'), "
+            "pairs=sys.argv[3])")
+    for seed in ("1", "2"):
+        subprocess.run([sys.executable, "-c", code, str(tiny_dir), str(tmp_path / f"a{seed}"), str(tmp_path / "pairs.parquet")],
+                       check=True, env=os.environ | {"PYTHONHASHSEED": seed}, capture_output=True)
+    from socialworld.rundir import sha256_path
+
+    assert sha256_path(tmp_path / "a1") == sha256_path(tmp_path / "a2")
+    assert not [p for p in tmp_path.iterdir() if "trainer" in p.name]  # the trainer's scratch is gone

@@ -2,9 +2,17 @@
 
 ``runs/<run-id>/`` holds ``config.yaml``, ``manifest.json`` and the run's artifacts. Every
 artifact is written atomically (temporary name, then rename) and then *committed* to the
-manifest with its sha256, producer and inputs. An artifact counts as complete only when the
-manifest lists it and its bytes still hash to the listed value, so a run killed mid-write
-resumes from its last complete artifact and redoes the rest.
+manifest with its sha256, producer and inputs (each with the sha256 it had when the artifact was
+made). An artifact counts as complete only when the manifest lists it, its bytes still hash to
+the listed value and every input still has the hash it was made from, so a run killed mid-write
+resumes from its last complete artifact and redoes the rest, and an input made again with other
+bytes has everything built from it made again, down the chain.
+
+What a resumed run equals: an uninterrupted run with the same config, artifact for artifact, byte
+for byte (adapter hashes included: adapter configs are written in a canonical order), except the
+``latency_s`` of each step (wall time) and ``timings.json``. Temporary names a killed run left
+behind (``.<name>.XXXXXXXX`` folders, ``.<name>.XXXXXXXX.tmp`` files) are removed when the run
+folder is opened again.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -29,6 +38,20 @@ LEGACY_CONTRACT = "metrics-v1"
 TIMINGS = "timings.json"
 """wall seconds each artifact took to make, by its path: a side file, not an artifact (times are
 not reproducible, the artifacts are)"""
+
+
+_LEFTOVER = re.compile(r"^\..+\.[a-z0-9_]{8}(\.tmp)?$")
+"""the names ``RunDir.produce`` (``tempfile.mkdtemp``) and ``atomic_write_text``
+(``tempfile.mkstemp``) give their temporary folders and files"""
+
+
+def remove_leftovers(root: Path) -> list[Path]:
+    """Remove the temporary folders and files a killed run left under ``root``; returns them."""
+    found = [p for p in root.rglob(".*") if _LEFTOVER.match(p.name) and (p.is_dir() or p.name.endswith(".tmp"))]
+    found = [p for p in found if not any(q in p.parents for q in found)]  # the outermost only
+    for p in found:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    return found
 
 
 def sha256_path(path: Path) -> str:
@@ -79,6 +102,7 @@ class RunDir:
             self.artifacts: dict[str, dict[str, Any]] = data["artifacts"]
         else:
             self.artifacts = {}
+        remove_leftovers(self.root)
 
     # ------------------------------------------------------------------ config
 
@@ -109,9 +133,19 @@ class RunDir:
         return self.root / rel
 
     def complete(self, rel: str) -> bool:
+        """Listed, its bytes unchanged, and every input as it was when ``rel`` was made (a
+        manifest written before inputs carried hashes lists names only: those are not checked)."""
         entry = self.artifacts.get(rel)
         p = self.path(rel)
-        return entry is not None and p.exists() and sha256_path(p) == entry["sha256"]
+        if entry is None or not p.exists() or sha256_path(p) != entry["sha256"]:
+            return False
+        inputs = entry.get("inputs")
+        return not isinstance(inputs, dict) or all(self.artifacts.get(i, {}).get("sha256") == h for i, h in inputs.items())
+
+    def stale_inputs(self, rel: str) -> list[str]:
+        """The inputs of ``rel`` whose hash changed since ``rel`` was made."""
+        inputs = self.artifacts.get(rel, {}).get("inputs")
+        return [i for i, h in inputs.items() if self.artifacts.get(i, {}).get("sha256") != h] if isinstance(inputs, dict) else []
 
     def commit(self, rel: str, producer: str, inputs: Sequence[str] = ()) -> str:
         """Record an artifact already written at ``rel``; returns its sha256."""
@@ -120,7 +154,7 @@ class RunDir:
             raise FileNotFoundError(p)
         self._check_inputs(rel, inputs)
         digest = sha256_path(p)
-        self.artifacts[rel] = {"sha256": digest, "producer": producer, "inputs": list(inputs)}
+        self.artifacts[rel] = {"sha256": digest, "producer": producer, "inputs": {i: self.artifacts[i]["sha256"] for i in inputs}}
         atomic_write_text(self._manifest_path, json.dumps({"version": MANIFEST_VERSION, "artifacts": self.artifacts},
                                                           indent=1, sort_keys=True) + "\n")
         return digest

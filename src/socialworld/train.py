@@ -196,7 +196,10 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
     from transformers import set_seed
 
     out = Path(out_dir)
-    scratch = Path(tempfile.mkdtemp(prefix="socialworld-trainer-"))  # the Trainer's own output_dir
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # the Trainer's own output_dir, beside the adapter (inside a run folder's temporary name when
+    # the loop trains: a killed run's scratch goes with it), never in the system temp directory
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-trainer.", dir=out.parent))
     set_seed(cfg.seed)  # LoRA init draws from torch's RNG before the Trainer seeds it: seed it here
     model, tok = load_trainable(base_path, resume_from)
     peft_config = None if resume_from is not None else LoraConfig(
@@ -250,10 +253,22 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
     losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
     # the adapter alone (config + weights): no training_args.bin, whose pickled paths differ per run
     trainer.model.save_pretrained(str(out))
+    canonical_adapter_config(out)
     t2 = time.perf_counter()
     (out / "socialworld-train.json").write_text(json.dumps({"config": asdict(cfg), "dtype": compute_dtype(cfg), "steps": trainer.state.global_step,
-                                                            "losses": losses, "rows": rows}, indent=1))
+                                                            "losses": losses, "rows": rows}, indent=1, sort_keys=True))
     return TrainResult(cfg.method, trainer.state.global_step, losses, t2 - t0, str(out), train_seconds=train_seconds)
+
+
+def canonical_adapter_config(folder: str | Path) -> None:
+    """Rewrite a saved PEFT ``adapter_config.json`` in a canonical form: keys sorted, and
+    ``target_modules`` (a set inside PEFT, saved in an order that follows Python's hash seed)
+    sorted, so the same training gives the same adapter bytes and hash in every process."""
+    path = Path(folder) / "adapter_config.json"
+    doc = json.loads(path.read_text())
+    if isinstance(doc.get("target_modules"), list):
+        doc["target_modules"] = sorted(doc["target_modules"])
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
 def simulator_reward(specs: dict[str, ScenarioSpec]):
