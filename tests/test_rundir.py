@@ -122,7 +122,7 @@ def test_an_input_made_again_differently_remakes_what_was_built_from_it(tmp_path
     assert (tmp_path / "adapter.txt").read_text() == "trained on pairs of two"
 
 
-def test_a_killed_runs_temporary_names_are_removed_on_reopen(tmp_path):
+def test_a_killed_runs_temporary_names_are_removed_when_it_starts_again(tmp_path):
     import tempfile
 
     run = RunDir(tmp_path)
@@ -131,6 +131,8 @@ def test_a_killed_runs_temporary_names_are_removed_on_reopen(tmp_path):
     left_dir = tempfile.mkdtemp(prefix=".adapter.", dir=tmp_path / "keep")  # as produce names them
     (tmp_path / "keep" / left_dir / "adapter").mkdir()
     left_file = tempfile.mkstemp(prefix=".manifest.json.", suffix=".tmp", dir=tmp_path)[1]  # as atomic_write_text
-    RunDir(tmp_path)
+    RunDir(tmp_path)  # opened to be read (another process may be writing it): nothing removed
+    assert (tmp_path / "keep" / left_dir).exists() and (tmp_path / left_file).exists()
+    RunDir(tmp_path).write_config({"cycles": 1})  # the run starts again
     assert not (tmp_path / "keep" / left_dir).exists() and not (tmp_path / left_file).exists()
     assert (tmp_path / "keep" / ".gitignore").exists() and RunDir(tmp_path).complete("keep/a.txt")

@@ -12,7 +12,7 @@ What a resumed run equals: an uninterrupted run with the same config, artifact f
 for byte (adapter hashes included: adapter configs are written in a canonical order), except the
 ``latency_s`` of each step (wall time) and ``timings.json``. Temporary names a killed run left
 behind (``.<name>.XXXXXXXX`` folders, ``.<name>.XXXXXXXX.tmp`` files) are removed when the run
-folder is opened again.
+starts again (:meth:`RunDir.write_config`).
 """
 
 from __future__ import annotations
@@ -102,7 +102,6 @@ class RunDir:
             self.artifacts: dict[str, dict[str, Any]] = data["artifacts"]
         else:
             self.artifacts = {}
-        remove_leftovers(self.root)
 
     # ------------------------------------------------------------------ config
 
@@ -111,7 +110,9 @@ class RunDir:
         except that the top-level integer fields named in ``may_grow`` may increase (a finished
         loop extended by more cycles: the earlier artifacts do not depend on the later ones).
         A field the stored config lacks (added to the code since) counts as its value in
-        ``defaults``, at any depth."""
+        ``defaults``, at any depth. Called when a run starts (or resumes): it then removes the
+        temporary names a killed run left (:func:`remove_leftovers`) — not when a folder is only
+        opened to be read, which another process may be writing."""
         path = self.root / "config.yaml"
         text = yaml.safe_dump(config, sort_keys=True)
         if path.exists():
@@ -126,6 +127,7 @@ class RunDir:
                 raise ValueError(f"{path} exists with a different config ({differ}): resume with the same settings "
                                  "or use a new run folder")
         atomic_write_text(path, text)
+        remove_leftovers(self.root)
 
     # ------------------------------------------------------------------ artifacts
 
