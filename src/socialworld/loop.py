@@ -38,7 +38,7 @@ from .evaluate import episode_seeds
 from .lifelong import next_unlocked, progressive_schedule
 from .metrics import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
 from .policies import make_policy
-from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
+from .records import EpisodeRecord, atomic_write_text, read_jsonl, record_from_json, write_jsonl
 from .rng import derive_seed
 from .rundir import CONTRACT_KEY, LEGACY_CONTRACT, RunDir, with_defaults
 from .runner import EpisodeJob, run_episodes
@@ -148,7 +148,7 @@ def _reuse(run: RunDir, cfg: LoopConfig, mine: dict) -> None:
             raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} is missing or incomplete there")
         with open(src.path(rel)) as f:  # a language model's records name the prompt they were made under
             line = f.readline()
-        first = EpisodeRecord.model_validate_json(line) if line.strip() else None
+        first = record_from_json(EpisodeRecord, line) if line.strip() else None
         require_contract([first] if first is not None else [], f"--reuse-from {cfg.reuse_from}: {rel}")
         prompt = first.steps[0].policy.decoding.get("prompt") if first is not None and first.steps else None
         if prompt not in (None, POLICY_PROMPT_VERSION):
