@@ -145,3 +145,18 @@ def test_unknown_or_bad_scenarios_fail_before_any_work(tmp_path, my_lunch):
     assert not (tmp_path / "run").exists()
     r = runner.invoke(app, ["tom", "--scenario", "no_such", "--model", no_model, "--out", str(tmp_path / "tom")])
     assert r.exit_code == 2 and "unknown scenario 'no_such'" in r.output and not (tmp_path / "tom").exists()
+
+
+def test_play_prints_model_text_literally(monkeypatch):
+    """A reply holding rich markup (``[/]``, ``[bold]``) is printed as written, not parsed or crashed on."""
+    from rich.console import Console
+
+    import socialworld.play as play_mod
+    from socialworld.testing import FixedPolicy, tiny_spec
+
+    said = "[/] look [bold]here[/bold] [red"
+    monkeypatch.setattr(play_mod, "make_policy", lambda *a, **k: FixedPolicy([f"propose(film, drama, all) | {said}", "[/]oops"]))
+    console = Console(record=True, width=200)
+    play_mod.play_episode(tiny_spec(), "fixed", 0, console)
+    out = console.export_text()
+    assert repr(said) in out and "[/]oops" in out

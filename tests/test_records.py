@@ -98,3 +98,26 @@ def test_reply_parser_breaks_lines_at_newline_only():
     for sep in ("\n", "\r\n"):
         action, _, error = parse_output(f"SAY: hi{sep}ACTION: end()", obs)
         assert action is not None and action.kind == "end" and error is None
+
+
+def test_artifacts_take_the_umasks_mode(tmp_path, specs):
+    """Atomic writes go through a mode-600 temporary file; the result has the mode any open() would."""
+    import os
+    import stat
+
+    from socialworld.records import atomic_write_text, umask
+    from socialworld.rundir import RunDir
+
+    old = os.umask(0o027)
+    umask.cache_clear()
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+        write_parquet(tmp_path / "e.parquet", _episodes(specs)[:1])
+        run = RunDir(tmp_path / "run")
+        run.write_config({"cycles": 1})
+        run.produce("m/f.txt", "t", lambda p: atomic_write_text(p, "y"))
+        for f in (tmp_path / "a.txt", tmp_path / "e.parquet", tmp_path / "run" / "m" / "f.txt", tmp_path / "run" / "manifest.json"):
+            assert stat.S_IMODE(f.stat().st_mode) == 0o640, f
+    finally:
+        os.umask(old)
+        umask.cache_clear()

@@ -136,3 +136,13 @@ def test_a_killed_runs_temporary_names_are_removed_when_it_starts_again(tmp_path
     RunDir(tmp_path).write_config({"cycles": 1})  # the run starts again
     assert not (tmp_path / "keep" / left_dir).exists() and not (tmp_path / left_file).exists()
     assert (tmp_path / "keep" / ".gitignore").exists() and RunDir(tmp_path).complete("keep/a.txt")
+
+
+def test_a_damaged_manifest_is_named_with_the_fix(tmp_path):
+    run = RunDir(tmp_path)
+    run.produce("a.txt", "x", lambda p: p.write_text("a"))
+    text = (tmp_path / "manifest.json").read_text()
+    for bad in (text[: len(text) // 2], "[]", "\xff"):
+        (tmp_path / "manifest.json").write_text(bad, encoding="latin-1")
+        with pytest.raises(ValueError, match=r"manifest\.json: not a.*delete it"):
+            RunDir(tmp_path)

@@ -8,6 +8,7 @@ metrics, diagnostics and lineage. Records round-trip through JSONL and Parquet e
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -193,14 +194,38 @@ class EpisodeRecord(_Rec):
 # ------------------------------------------------------------------ IO
 
 
+@functools.cache
+def umask() -> int:
+    """The process's file-creation mask (read from /proc where it can be, without touching it)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def shareable(path: str | Path) -> None:
+    """Give a file or folder made by ``tempfile`` (mode 600/700, which survives the atomic rename)
+    the mode an ordinary ``open``/``mkdir`` would: 666/777 less the umask, so a group that may read
+    the folder can read the results."""
+    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~umask())
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename (never a half-written file)."""
+    """Write via a temporary file in the same folder and rename (never a half-written file); the
+    file gets the umask's mode, like any file ``open`` makes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        shareable(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -295,6 +320,7 @@ def write_parquet(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
     os.close(fd)
     try:
         pq.write_table(table, tmp)
+        shareable(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -96,7 +96,14 @@ class RunDir:
         self.root.mkdir(parents=True, exist_ok=True)
         self._manifest_path = self.root / "manifest.json"
         if self._manifest_path.exists():
-            data = json.loads(self._manifest_path.read_text())
+            try:
+                data = json.loads(self._manifest_path.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as err:
+                raise ValueError(f"{self._manifest_path}: not a readable manifest ({err}); it is written atomically, so "
+                                 "something else damaged it: restore it, or delete it to make every artifact again") from None
+            if not isinstance(data, dict) or not isinstance(data.get("artifacts"), dict):
+                raise ValueError(f"{self._manifest_path}: not a manifest (no 'artifacts' table); restore it, or delete it "
+                                 "to make every artifact again")
             if data.get("version") != MANIFEST_VERSION:
                 raise ValueError(f"{self._manifest_path}: unsupported manifest version {data.get('version')!r}")
             self.artifacts: dict[str, dict[str, Any]] = data["artifacts"]

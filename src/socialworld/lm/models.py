@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..policies import SCRIPTED
+from ..records import shareable
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
@@ -98,6 +99,7 @@ def bundled_path() -> Path:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
+        shareable(tmp)
         os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
