@@ -178,14 +178,16 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
             return real_fn(*a, **k)
         return fn
 
+    # run_episodes calls: 1 cycle-0 evaluation + cycle-1 wake, 2 cycle-1 reference, 3 cycle-1 (trained)
+    # evaluation + cycle-2 wake, 4 cycle-2 reference, 5 cycle-2 evaluation
     for name, target, real_fn, at in (("rollout1", "run_episodes", run_episodes, 1), ("rollout2", "run_episodes", run_episodes, 2),
-                                      ("rollout4", "run_episodes", run_episodes, 4),
+                                      ("rollout3", "run_episodes", run_episodes, 3), ("rollout5", "run_episodes", run_episodes, 5),
                                       ("sleep2", "screen_and_gate", loop_mod.screen_and_gate, 2)):
         monkeypatch.setattr(loop_mod, target, killer(real_fn, at))
         with pytest.raises(KeyboardInterrupt):
             run_loop(_cfg(tiny_dir, tmp_path / name), log=lambda _: None)
         monkeypatch.setattr(loop_mod, target, real_fn)
-        tempfile.mkdtemp(prefix=".episodes.jsonl.", dir=tmp_path / name)  # what a kill -9 mid-write leaves
+        tempfile.mkdtemp(prefix=".episodes.jsonl.swtmp-", dir=tmp_path / name)  # what a kill -9 mid-write leaves
         assert run_loop(_cfg(tiny_dir, tmp_path / name), log=lambda _: None) == full, name
         _same_artifacts(tmp_path / name, tmp_path / "a")
 
@@ -212,6 +214,8 @@ def _same_artifacts(run, reference):
         else:
             assert ours[rel]["sha256"] == theirs[rel]["sha256"], rel
     assert not [p for p in run.rglob(".*")], "temporary names left"
+    for rel, entry in ours.items():  # every artifact was made from its inputs as they are now
+        assert all(ours[i]["sha256"] == h for i, h in entry["inputs"].items()), rel
 
 
 def _without_latency(path):

@@ -128,14 +128,18 @@ def test_a_killed_runs_temporary_names_are_removed_when_it_starts_again(tmp_path
     run = RunDir(tmp_path)
     run.produce("keep/a.txt", "x", lambda p: p.write_text("a"))
     (tmp_path / "keep").joinpath(".gitignore").write_text("*")  # not ours: kept
-    left_dir = tempfile.mkdtemp(prefix=".adapter.", dir=tmp_path / "keep")  # as produce names them
+    left_dir = tempfile.mkdtemp(prefix=".adapter.swtmp-", dir=tmp_path / "keep")  # as produce names them
     (tmp_path / "keep" / left_dir / "adapter").mkdir()
-    left_file = tempfile.mkstemp(prefix=".manifest.json.", suffix=".tmp", dir=tmp_path)[1]  # as atomic_write_text
+    left_file = tempfile.mkstemp(prefix=".manifest.json.swtmp-", suffix=".tmp", dir=tmp_path)[1]  # as atomic_write_text
+    mine = [tmp_path / n for n in (".backup.20240101", ".config.defaults", ".data.settings.tmp")]  # a user's own: kept
+    for m in mine:
+        m.write_text("mine")
     RunDir(tmp_path)  # opened to be read (another process may be writing it): nothing removed
     assert (tmp_path / "keep" / left_dir).exists() and (tmp_path / left_file).exists()
     RunDir(tmp_path).write_config({"cycles": 1})  # the run starts again
     assert not (tmp_path / "keep" / left_dir).exists() and not (tmp_path / left_file).exists()
-    assert (tmp_path / "keep" / ".gitignore").exists() and RunDir(tmp_path).complete("keep/a.txt")
+    assert (tmp_path / "keep" / ".gitignore").exists() and all(m.exists() for m in mine)
+    assert RunDir(tmp_path).complete("keep/a.txt")
 
 
 def test_a_damaged_manifest_is_named_with_the_fix(tmp_path):
@@ -146,3 +150,18 @@ def test_a_damaged_manifest_is_named_with_the_fix(tmp_path):
         (tmp_path / "manifest.json").write_text(bad, encoding="latin-1")
         with pytest.raises(ValueError, match=r"manifest\.json: not a.*delete it"):
             RunDir(tmp_path)
+
+
+def test_a_manifest_from_before_input_hashes_still_passes_a_rebuild_on(tmp_path):
+    """Inputs listed by name (manifest-v1 before hashes) take the hashes they have when read."""
+    run = RunDir(tmp_path)
+    run.produce("w.txt", "wake", lambda p: p.write_text("one"))
+    run.produce("s.txt", "sleep", lambda p: p.write_text("pairs"), inputs=["w.txt"])
+    doc = json.loads((tmp_path / "manifest.json").read_text())
+    doc["artifacts"]["s.txt"]["inputs"] = ["w.txt"]
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    run = RunDir(tmp_path)
+    assert run.complete("s.txt")
+    (tmp_path / "w.txt").write_text("damaged")
+    assert run.produce("w.txt", "wake", lambda p: p.write_text("two"))
+    assert run.stale_inputs("s.txt") == ["w.txt"] and not run.complete("s.txt")

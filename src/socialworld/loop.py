@@ -146,7 +146,7 @@ def _reuse(run: RunDir, cfg: LoopConfig, mine: dict) -> None:
     for rel in rels:
         if not src.complete(rel):
             raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} is missing or incomplete there")
-        with open(src.path(rel)) as f:  # a language model's records name the prompt they were made under
+        with open(src.path(rel), encoding="utf-8") as f:  # a language model's records name the prompt they were made under
             line = f.readline()
         first = record_from_json(EpisodeRecord, line) if line.strip() else None
         require_contract([first] if first is not None else [], f"--reuse-from {cfg.reuse_from}: {rel}")
@@ -282,7 +282,9 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
             summary["vs_baseline"] = {k: paired_difference(base, evaluated, k, seed=cfg.seed).as_dict() for k in COMPARED}
         run.produce(f"{d}/summary.json", "summary",
                     lambda p: atomic_write_text(p, json.dumps(summary, indent=1, sort_keys=True) + "\n"),
-                    inputs=[f"{d}/eval/episodes.jsonl"])
+                    inputs=[f"{d}/eval/episodes.jsonl", f"{d}/sleep",
+                            *(str(Path(p).relative_to(run.root)) for p in (adapters or {}).values()),
+                            *(["cycle-0/eval/episodes.jsonl"] if cfg.baseline else [])])
         log(f"cycle {c}: eval pass {m['pass_rate']:.2f} solve {m['solve_rate']:.2f} D {m['D']:.2f} CR {m['CR']:.2f}")
         for k, iv in summary.get("vs_baseline", {}).items():
             log(f"cycle {c}: {k} - untrained = {iv['mean']:+.3f}, 95% paired bootstrap [{iv['lo']:+.3f}, {iv['hi']:+.3f}]")

@@ -22,6 +22,9 @@ STEP_SCHEMA = "step-v1"
 EPISODE_SCHEMA = "episode-v1"
 
 R = TypeVar("R", bound=BaseModel)
+TMP_MARK = "swtmp-"
+"""in the name of every temporary file or folder the project makes beside an artifact
+(``.<name>.swtmp-XXXXXXXX``), so a run started again removes exactly what a killed run left"""
 Source = Literal["direct", "fused", "degraded", "proxy", "missing"]
 
 
@@ -221,7 +224,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     file gets the umask's mode, like any file ``open`` makes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{TMP_MARK}", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -316,7 +319,7 @@ def write_parquet(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
     table = pa.Table.from_pylist(rows, schema=schema)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{TMP_MARK}", suffix=".tmp")
     os.close(fd)
     try:
         pq.write_table(table, tmp)

@@ -11,7 +11,7 @@ bytes has everything built from it made again, down the chain.
 What a resumed run equals: an uninterrupted run with the same config, artifact for artifact, byte
 for byte (adapter hashes included: adapter configs are written in a canonical order), except the
 ``latency_s`` of each step (wall time) and ``timings.json``. Temporary names a killed run left
-behind (``.<name>.XXXXXXXX`` folders, ``.<name>.XXXXXXXX.tmp`` files) are removed when the run
+behind (``.<name>.swtmp-XXXXXXXX`` folders and ``….tmp`` files) are removed when the run
 starts again (:meth:`RunDir.write_config`).
 """
 
@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from .records import atomic_write_text
+from .records import TMP_MARK, atomic_write_text
 
 MANIFEST_VERSION = "manifest-v1"
 CONTRACT_KEY = "metrics_contract"
@@ -40,9 +40,9 @@ TIMINGS = "timings.json"
 not reproducible, the artifacts are)"""
 
 
-_LEFTOVER = re.compile(r"^\..+\.[a-z0-9_]{8}(\.tmp)?$")
-"""the names ``RunDir.produce`` (``tempfile.mkdtemp``) and ``atomic_write_text``
-(``tempfile.mkstemp``) give their temporary folders and files"""
+_LEFTOVER = re.compile(rf"^\..+\.{TMP_MARK}[a-z0-9_]{{8}}(\.tmp)?$")
+"""the names ``RunDir.produce``, ``atomic_write_text``, ``write_parquet`` and the trainer give
+their temporary folders and files (``.<name>.swtmp-XXXXXXXX``, files ending ``.tmp``)"""
 
 
 def remove_leftovers(root: Path) -> list[Path]:
@@ -107,6 +107,9 @@ class RunDir:
             if data.get("version") != MANIFEST_VERSION:
                 raise ValueError(f"{self._manifest_path}: unsupported manifest version {data.get('version')!r}")
             self.artifacts: dict[str, dict[str, Any]] = data["artifacts"]
+            for entry in self.artifacts.values():  # manifest-v1 before inputs carried hashes: the file was
+                if isinstance(entry.get("inputs"), list):  # consistent when written, so take today's hashes
+                    entry["inputs"] = {i: self.artifacts.get(i, {}).get("sha256") for i in entry["inputs"]}
         else:
             self.artifacts = {}
 
@@ -143,18 +146,18 @@ class RunDir:
 
     def complete(self, rel: str) -> bool:
         """Listed, its bytes unchanged, and every input as it was when ``rel`` was made (a
-        manifest written before inputs carried hashes lists names only: those are not checked)."""
+        manifest written before inputs carried hashes lists names only: they are taken with the
+        hashes they have when the manifest is read)."""
         entry = self.artifacts.get(rel)
         p = self.path(rel)
         if entry is None or not p.exists() or sha256_path(p) != entry["sha256"]:
             return False
-        inputs = entry.get("inputs")
-        return not isinstance(inputs, dict) or all(self.artifacts.get(i, {}).get("sha256") == h for i, h in inputs.items())
+        return not self.stale_inputs(rel)
 
     def stale_inputs(self, rel: str) -> list[str]:
         """The inputs of ``rel`` whose hash changed since ``rel`` was made."""
-        inputs = self.artifacts.get(rel, {}).get("inputs")
-        return [i for i, h in inputs.items() if self.artifacts.get(i, {}).get("sha256") != h] if isinstance(inputs, dict) else []
+        inputs = self.artifacts.get(rel, {}).get("inputs") or {}
+        return [i for i, h in inputs.items() if self.artifacts.get(i, {}).get("sha256") != h]
 
     def commit(self, rel: str, producer: str, inputs: Sequence[str] = ()) -> str:
         """Record an artifact already written at ``rel``; returns its sha256."""
@@ -184,7 +187,7 @@ class RunDir:
         self._check_inputs(rel, inputs)
         dest = self.path(rel)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent)) / dest.name
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{TMP_MARK}", dir=dest.parent)) / dest.name
         t0 = time.perf_counter()
         try:
             write(tmp)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from .lm.prompts import parse_output
+from .records import TMP_MARK
 from .sleep import Pair
 from .spec import ScenarioSpec
 from .visibility import observe
@@ -190,16 +191,24 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
                   resume_from: str | Path | None = None) -> TrainResult:
     """Train one LoRA adapter and save it (PEFT format) to ``out_dir``. ``pairs``: Pair objects
     or a pairs Parquet file (dpo, sft); ``grpo_rows``: prompts with world snapshots (grpo)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # the Trainer's own output_dir, beside the adapter (inside a run folder's temporary name when
+    # the loop trains: a killed run's scratch goes with it), never in the system temp directory
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.{TMP_MARK}", dir=out.parent))
+    try:
+        return _train(base_path, out, scratch, cfg, pairs, grpo_rows, specs, resume_from)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path,
+           grpo_rows: Sequence[dict[str, Any]], specs: dict[str, ScenarioSpec] | None, resume_from: str | Path | None) -> TrainResult:
     from datasets import Dataset
     from peft import LoraConfig
 
     from transformers import set_seed
 
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # the Trainer's own output_dir, beside the adapter (inside a run folder's temporary name when
-    # the loop trains: a killed run's scratch goes with it), never in the system temp directory
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-trainer.", dir=out.parent))
     set_seed(cfg.seed)  # LoRA init draws from torch's RNG before the Trainer seeds it: seed it here
     model, tok = load_trainable(base_path, resume_from)
     peft_config = None if resume_from is not None else LoraConfig(
@@ -241,15 +250,11 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
         raise ValueError(f"unknown training method {cfg.method!r}")
     rows = {"given": len(data), "trained_on": len(trainer.train_dataset)}  # TRL drops prompts of max_length tokens or more
     if not rows["trained_on"]:
-        shutil.rmtree(scratch, ignore_errors=True)
         raise ValueError(f"all {rows['given']} training rows have prompts of max_length={cfg.max_length} tokens or more, "
                          "so TRL drops every one: raise max_length")
     t1 = time.perf_counter()
-    try:
-        trainer.train()
-        train_seconds = time.perf_counter() - t1
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    trainer.train()
+    train_seconds = time.perf_counter() - t1
     losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
     # the adapter alone (config + weights): no training_args.bin, whose pickled paths differ per run
     trainer.model.save_pretrained(str(out))
