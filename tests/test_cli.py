@@ -229,3 +229,10 @@ def test_serve_on_an_occupied_port_is_one_line(monkeypatch):
     monkeypatch.setattr(server, "serve", occupied)
     r = runner.invoke(app, ["serve", "--port", "8123"])
     assert r.exit_code == 2 and "127.0.0.1:8123 is in use" in r.output and "--port" in r.output
+
+
+def test_progress_in_a_log_file_is_a_plain_line_per_episode_with_an_eta(tmp_path):
+    r = runner.invoke(app, ["eval", "--policy", "expert", "--scenario", "team_lunch", "--episodes", "2", "--out", str(tmp_path / "e")])
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("eval expert: ")]
+    assert [ln.split(",")[0] for ln in lines] == ["eval expert: 1/2", "eval expert: 2/2"] and all("eta" in ln for ln in lines)

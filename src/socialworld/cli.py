@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import errno
 import json
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -109,10 +111,8 @@ def eval_cmd(
         if as_json:
             result = evaluate(cfg)
         else:
-            with Progress(TextColumn("eval {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=console) as bar:
-                task = bar.add_task(policy, total=n)
-                result = evaluate(cfg, on_episode=lambda _: bar.advance(task))
+            with _bars() as progress:
+                result = evaluate(cfg, on_episode=progress(f"eval {policy}", n))
     except (ScenarioError, ValueError, OSError) as err:
         _fail(str(err))
         return
@@ -308,18 +308,43 @@ def fit_cmd(
     console.print(t)
 
 
-def _with_bars(call):
-    """Run ``call(progress)`` under rich progress bars (one per episode batch); clear errors."""
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bars:
-        def progress(what: str, total: int):
-            task = bars.add_task(what, total=total)
-            return lambda _ep: bars.advance(task)
+@contextmanager
+def _bars():
+    """A progress factory ``progress(what, total) -> advance(_)``: rich bars with elapsed time and
+    an ETA on a terminal; elsewhere (a log file, a pipe) one plain line per finished item with
+    the same numbers, since rich draws nothing there until the end."""
+    if console.is_terminal:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("eta"), TimeRemainingColumn(), console=console) as bars:
+            def progress(what: str, total: int):
+                task = bars.add_task(what, total=total)
+                return lambda _ep: bars.advance(task)
 
+            try:
+                yield progress
+            finally:
+                bars.stop()
+        return
+
+    def plain(what: str, total: int):
+        t0, done = time.monotonic(), [0]
+
+        def advance(_ep) -> None:
+            done[0] += 1
+            spent = time.monotonic() - t0
+            eta = spent / done[0] * (total - done[0])
+            _say(f"{what}: {done[0]}/{total}, {spent:.0f} s, eta {eta:.0f} s")
+        return advance
+
+    yield plain
+
+
+def _with_bars(call):
+    """Run ``call(progress)`` under :func:`_bars`; clear errors."""
+    with _bars() as progress:
         try:
             return call(progress)
         except (ScenarioError, ValueError, OSError, RuntimeError) as err:
-            bars.stop()
             _fail(str(err))
 
 
