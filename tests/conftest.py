@@ -26,3 +26,12 @@ def my_lunch(tmp_path):
     """Path of a user scenario file ``my_lunch-v1`` (L0) in ``tmp_path/user``."""
     (tmp_path / "user").mkdir()
     return write_user_scenario(tmp_path / "user" / "my_lunch.yaml")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _cli_log_in_a_temporary_folder(tmp_path_factory):
+    """The CLI sends library warnings to SOCIALWORLD_LOG (default runs/socialworld.log): keep the
+    tests' out of the working tree."""
+    import os
+
+    os.environ.setdefault("SOCIALWORLD_LOG", str(tmp_path_factory.mktemp("log") / "socialworld.log"))

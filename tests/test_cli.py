@@ -236,3 +236,13 @@ def test_progress_in_a_log_file_is_a_plain_line_per_episode_with_an_eta(tmp_path
     assert r.exit_code == 0, r.output
     lines = [ln for ln in r.output.splitlines() if ln.startswith("eval expert: ")]
     assert [ln.split(",")[0] for ln in lines] == ["eval expert: 1/2", "eval expert: 2/2"] and all("eta" in ln for ln in lines)
+
+
+def test_library_warnings_go_to_the_log_file_not_the_console(tmp_path, monkeypatch):
+    import warnings
+
+    monkeypatch.setenv("SOCIALWORLD_LOG", str(tmp_path / "logs" / "sw.log"))
+    r = runner.invoke(app, ["scenarios", "--json"])
+    assert r.exit_code == 0
+    warnings.warn("a library's deprecation", FutureWarning)
+    assert "a library's deprecation" in (tmp_path / "logs" / "sw.log").read_text()

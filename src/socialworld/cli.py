@@ -28,6 +28,36 @@ from .metrics import METRICS_CONTRACT
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A seeded social world for language agents.")
 console = Console()
 H = lambda name: help_for(EvalConfig, name)  # noqa: E731
+LOG_FILE = "runs/socialworld.log"
+"""where third-party warnings go (override with SOCIALWORLD_LOG); made only when one is written"""
+
+
+@app.callback()
+def _quiet_libraries() -> None:
+    """Before any command: the libraries' own progress bars off (weight loading, dataset maps:
+    socialworld shows its own), transformers' log records below errors off, Python warnings (the
+    libraries' FutureWarnings) to :data:`LOG_FILE` instead of the console. Environment variables
+    the libraries read when imported (a variable the user set wins), so light commands import nothing."""
+    import logging
+    import os
+
+    for var, value in (("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1"),
+                       ("TRANSFORMERS_VERBOSITY", "error")):
+        os.environ.setdefault(var, value)
+    class _LogFile(logging.FileHandler):  # its folder made when the first warning comes
+        def _open(self):
+            Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+            return super()._open()
+
+    log = _LogFile(os.environ.get("SOCIALWORLD_LOG", LOG_FILE), delay=True, encoding="utf-8")
+    log.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.captureWarnings(True)
+    warnings_log = logging.getLogger("py.warnings")
+    for old in [h for h in warnings_log.handlers if type(h).__name__ == "_LogFile"]:  # one per process
+        warnings_log.removeHandler(old)
+        old.close()
+    warnings_log.addHandler(log)
+    warnings_log.propagate = False
 
 
 def _LoopConfig():  # the loop's config type, imported lazily (it pulls in the LM stack's modules)

@@ -274,7 +274,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         gating = json.loads(run.path(f"{d}/sleep/gating.json").read_text())
         log(f"cycle {c}: pairs kept {gating['kept']}, excluded {gating['excluded']}"
             + (f", replayed from earlier cycles {gating['replayed']}" if gating.get("replayed") else ""))
-        losses, adapters = _train_cycle(cfg, run, c, adapters, prev, specs, log)
+        losses, adapters = _train_cycle(cfg, run, c, adapters, prev, specs, log, progress)
         evaluate(c, tiers, adapters, f"cycle {c} eval")
         evaluated = read_jsonl(run.path(f"{d}/eval/episodes.jsonl"))
         m = aggregate(evaluated).as_dict()
@@ -299,7 +299,8 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
 
 
 def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] | None, prev: list[str],
-                 specs: dict, log: Callable[[str], None]) -> tuple[dict[str, list[float]], dict[str, str] | None]:
+                 specs: dict, log: Callable[[str], None], progress: Progress | None = None
+                 ) -> tuple[dict[str, list[float]], dict[str, str] | None]:
     """Train this cycle's adapters: one per track in ``cfg.tracks`` (resumed from the previous
     cycle's), or one ``merged`` adapter on both tracks' pairs deployed for both (ablation E1).
     A track without gated pairs keeps its previous adapter."""
@@ -325,7 +326,9 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
             data = {"grpo_rows": grpo_rows(pairs), "specs": specs}
         tcfg = replace(cfg.train, steps=min(cfg.train.steps, cfg.dialogue_steps)) if name == "dialogue" and cfg.dialogue_steps else cfg.train
         run.produce(rel, f"train:{cfg.train.method}",
-                    lambda p, data=data, r=resume, t=tcfg: train_adapter(_base_path(cfg), p, t, resume_from=r, **data),
+                    lambda p, data=data, r=resume, t=tcfg, n=name: train_adapter(
+                        _base_path(cfg), p, t, resume_from=r,
+                        progress=(lambda total: progress(f"cycle {c} train {n} (steps)", total)) if progress else None, **data),
                     inputs=[f"{d}/sleep"] + prev)
         info = json.loads(run.path(f"{rel}/socialworld-train.json").read_text())
         losses[name] = info["losses"]

@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from .lm.prompts import parse_output
 from .records import TMP_MARK
@@ -190,22 +190,25 @@ def _dataset(pairs: Sequence[Pair] | str | Path, method: str) -> Any:
 
 def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path = (),
                   grpo_rows: Sequence[dict[str, Any]] = (), specs: dict[str, ScenarioSpec] | None = None,
-                  resume_from: str | Path | None = None) -> TrainResult:
+                  resume_from: str | Path | None = None, progress: Callable[[int], Callable[[Any], None]] | None = None) -> TrainResult:
     """Train one LoRA adapter and save it (PEFT format) to ``out_dir``. ``pairs``: Pair objects
-    or a pairs Parquet file (dpo, sft); ``grpo_rows``: prompts with world snapshots (grpo)."""
+    or a pairs Parquet file (dpo, sft); ``grpo_rows``: prompts with world snapshots (grpo).
+    ``progress(total_steps)`` returns a function called after each optimizer step. Nothing is
+    printed per step (the losses are in the adapter's ``socialworld-train.json``)."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     # the Trainer's own output_dir, beside the adapter (inside a run folder's temporary name when
     # the loop trains: a killed run's scratch goes with it), never in the system temp directory
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.{TMP_MARK}", dir=out.parent))
     try:
-        return _train(base_path, out, scratch, cfg, pairs, grpo_rows, specs, resume_from)
+        return _train(base_path, out, scratch, cfg, pairs, grpo_rows, specs, resume_from, progress)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path,
-           grpo_rows: Sequence[dict[str, Any]], specs: dict[str, ScenarioSpec] | None, resume_from: str | Path | None) -> TrainResult:
+           grpo_rows: Sequence[dict[str, Any]], specs: dict[str, ScenarioSpec] | None, resume_from: str | Path | None,
+           progress: Callable[[int], Callable[[Any], None]] | None) -> TrainResult:
     from datasets import Dataset
     from peft import LoraConfig
 
@@ -254,6 +257,17 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
     if not rows["trained_on"]:
         raise ValueError(f"all {rows['given']} training rows have prompts of max_length={cfg.max_length} tokens or more, "
                          "so TRL drops every one: raise max_length")
+    from transformers import PrinterCallback, TrainerCallback
+
+    trainer.remove_callback(PrinterCallback)  # a loss dict per step on stdout: the losses are saved below
+    if progress is not None:
+        advance = progress(trainer.args.max_steps)
+
+        class _Steps(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                advance(None)
+
+        trainer.add_callback(_Steps())
     t1 = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - t1
