@@ -239,10 +239,17 @@ def test_progress_in_a_log_file_is_a_plain_line_per_episode_with_an_eta(tmp_path
 
 
 def test_library_warnings_go_to_the_log_file_not_the_console(tmp_path, monkeypatch):
+    import logging
     import warnings
 
     monkeypatch.setenv("SOCIALWORLD_LOG", str(tmp_path / "logs" / "sw.log"))
-    r = runner.invoke(app, ["scenarios", "--json"])
-    assert r.exit_code == 0
-    warnings.warn("a library's deprecation", FutureWarning)
+    logging.captureWarnings(False)  # pytest swaps warnings.showwarning per test: let the command install it here
+    try:
+        r = runner.invoke(app, ["scenarios", "--json"])
+        assert r.exit_code == 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("a library's deprecation", FutureWarning)
+    finally:
+        logging.captureWarnings(False)
     assert "a library's deprecation" in (tmp_path / "logs" / "sw.log").read_text()
