@@ -44,6 +44,7 @@ def _quiet_libraries() -> None:
     for var, value in (("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1"),
                        ("TRANSFORMERS_VERBOSITY", "error")):
         os.environ.setdefault(var, value)
+
     class _LogFile(logging.FileHandler):  # its folder made when the first warning comes
         def _open(self):
             Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
