@@ -371,7 +371,8 @@ def _bars():
 
 
 def _with_bars(call):
-    """Run ``call(progress)`` under :func:`_bars`; clear errors."""
+    """Run ``call(progress)`` under :func:`_bars` (the config built inside ``call`` too, so a bad
+    option is one line); clear errors."""
     with _bars() as progress:
         try:
             return call(progress)
@@ -501,14 +502,9 @@ def foresee_cmd(
     plain/ and foresee/ episodes and foresee.json to --out."""
     from .foresee import evaluate_foresee
 
-    try:
-        cfg = ForeseeConfig(policy=policy, world_model=world_model, tiers=tier or None, scenarios=scenario or None,
-                            episodes=episodes, seed=seed, alternatives=alternatives, margin=margin, refine=refine,
-                            lm_batch_size=lm_batch_size, out=out)
-        doc = _with_bars(lambda progress: evaluate_foresee(cfg, progress=progress))
-    except (ScenarioError, ValueError, OSError) as err:
-        _fail(str(err))
-        return
+    doc = _with_bars(lambda progress: evaluate_foresee(ForeseeConfig(
+        policy=policy, world_model=world_model, tiers=tier or None, scenarios=scenario or None, episodes=episodes, seed=seed,
+        alternatives=alternatives, margin=margin, refine=refine, lm_batch_size=lm_batch_size, out=out), progress=progress))
     fmt = lambda iv: f"{iv['mean']:+.3f} [{iv['lo']:+.3f}, {iv['hi']:+.3f}]"  # noqa: E731
     t = Table(title=escape(f"{doc['policy']}: plain vs Foresee-and-Act [{doc['world_model']}], {doc['episodes']} episodes, "
                            f"{doc['metrics_contract']}"))
@@ -540,13 +536,9 @@ def chain_cmd(
     and chain.json to --out."""
     from .chain import MODES, run_chains
 
-    try:
-        cfg = ChainConfig(policy=policy, tiers=tier or None, scenarios=scenario or None, chains=chains, length=length,
-                          modes=list(mode or MODES), seed=seed, lm_batch_size=lm_batch_size, out=out)
-        doc = _with_bars(lambda progress: run_chains(cfg, progress=progress))
-    except (ScenarioError, ValueError, OSError) as err:
-        _fail(str(err))
-        return
+    doc = _with_bars(lambda progress: run_chains(ChainConfig(
+        policy=policy, tiers=tier or None, scenarios=scenario or None, chains=chains, length=length,
+        modes=list(mode or MODES), seed=seed, lm_batch_size=lm_batch_size, out=out), progress=progress))
     fmt = lambda iv: f"{iv['mean']:.2f} [{iv['lo']:.2f}, {iv['hi']:.2f}]"  # noqa: E731
     t = Table(title=escape(f"{doc['policy']}: {doc['chains']} chains of {length}, {doc['metrics_contract']}"))
     for c in ("memory", "position", "pass", "solve", "CR", "A_e", "CR vs none", "prompt tokens/step", "memory chars/step"):
