@@ -171,13 +171,29 @@ def test_play_prints_model_text_literally(monkeypatch):
     (["loop", "--cycles", "-1"], "cycles must be at least 1"),
     (["loop", "--train-episodes", "0"], "train_episodes must be at least 1"),
     (["loop", "--eval-episodes", "0"], "eval_episodes must be at least 1"),
+    (["bench", "--cycles", "0"], "cycles must be at least 1"),
+    (["bench", "--preset", "bogus"], "preset must be one of smoke, default, paper"),
+    (["bench", "--suite", "bogus"], "unknown suite 'bogus'"),
+    (["foresee", "--episodes", "0"], "episodes must be at least 1"),
+    (["foresee", "--refine", "bogus"], "refine must be one of harmful, argmax"),
+    (["chain", "--length", "0"], "length must be at least 1"),
+    (["chain", "--mode", "bogus"], "modes must be a non-empty subset of none, full, summary"),
+    (["tom", "--stories", "0"], "stories must be at least 1"),
+    (["tom", "--agents", "1"], "agents must be at least 2"),
 ])
 def test_bad_options_fail_in_one_line_before_any_work(args, says, tmp_path, monkeypatch):
+    import socialworld.bench as bench_mod
+    import socialworld.chain as chain_mod
     import socialworld.evaluate as evaluate_mod
+    import socialworld.foresee as foresee_mod
     import socialworld.loop as loop_mod
+    import socialworld.tom as tom_mod
 
     monkeypatch.setattr(loop_mod, "run_loop", lambda *a, **k: pytest.fail("the loop ran"))
     monkeypatch.setattr(evaluate_mod, "run_episodes", lambda *a, **k: pytest.fail("episodes ran"))
+    for mod, name in ((bench_mod, "run_bench"), (bench_mod, "run_suite"), (foresee_mod, "evaluate_foresee"),
+                      (chain_mod, "run_chains"), (tom_mod, "evaluate_tom")):
+        monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail("the work started"))
     r = runner.invoke(app, [*args, "--out", str(tmp_path / "out")])
     assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "out").exists()
@@ -236,6 +252,27 @@ def test_progress_in_a_log_file_is_a_plain_line_per_episode_with_an_eta(tmp_path
     assert r.exit_code == 0, r.output
     lines = [ln for ln in r.output.splitlines() if ln.startswith("eval expert: ")]
     assert [ln.split(",")[0] for ln in lines] == ["eval expert: 1/2", "eval expert: 2/2"] and all("eta" in ln for ln in lines)
+
+
+def test_a_run_logs_to_its_own_folder(tmp_path, monkeypatch):
+    """Without SOCIALWORLD_LOG, a command with an output folder writes its lines (progress included)
+    and the libraries' warnings to <out>/socialworld.log."""
+    import logging
+    import warnings
+
+    monkeypatch.delenv("SOCIALWORLD_LOG", raising=False)
+    logging.captureWarnings(False)
+    try:
+        r = runner.invoke(app, ["eval", "--policy", "expert", "--scenario", "team_lunch", "--episodes", "2", "--out", str(tmp_path / "e")])
+        assert r.exit_code == 0, r.output
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("a library's deprecation", FutureWarning)
+    finally:
+        logging.captureWarnings(False)
+        logging.getLogger("socialworld").handlers = []
+    log = (tmp_path / "e" / "socialworld.log").read_text()
+    assert "eval expert: 2/2" in log and "a library's deprecation" in log
 
 
 def test_library_warnings_go_to_the_log_file_not_the_console(tmp_path, monkeypatch):

@@ -21,7 +21,10 @@ from socialworld.lm.constrained import Choice, Forced, Free, decode  # noqa: E40
 from socialworld.lm.policy import LMPolicy, program  # noqa: E402
 from socialworld.lm.prompts import build_messages, parse_output  # noqa: E402
 from socialworld.policies import make_policy  # noqa: E402
+from socialworld.records import EpisodeRecord, record_from_json, record_json  # noqa: E402
 from socialworld.runner import EpisodeJob, run_episodes  # noqa: E402
+from socialworld.sleep import recorded_action  # noqa: E402
+from socialworld.templates import POLICY_PROMPT_VERSION  # noqa: E402
 from socialworld.testing import drive, tiny_lm, tiny_spec  # noqa: E402
 from socialworld.visibility import legal_actions, observe  # noqa: E402
 from socialworld.world import World  # noqa: E402
@@ -210,6 +213,21 @@ def test_constrained_mode_is_parseable_by_construction(specs, tiny):
         assert all(s.mental_state.stated is not None for s in ep.steps)  # the belief line always parses
         assert ep.steps[0].policy.decoding["mode"] == "constrained" and ep.metrics.U.source == "direct"
         assert all(s.policy.tokens_out > 0 for s in ep.steps)
+
+
+def test_records_keep_the_exact_prompt_of_every_decision(specs, tiny):
+    model, tok = tiny
+    pol = LMPolicy(HFBackend(model, tok, name="tiny", batch_size=4), decoding="constrained", say_tokens=4)
+    ep = run_episodes(pol, [EpisodeJob(specs["team_lunch-v1"], 2)])[0]
+    w = World(specs["team_lunch-v1"], 2)
+    for s in ep.steps:  # replayed: the prompt of each step is rebuilt from the world's observation there
+        sent = build_messages(observe(w.spec, w.pub))
+        assert s.policy.prompt.version == POLICY_PROMPT_VERSION
+        assert [m.model_dump() for m in s.policy.prompt.messages] == sent
+        assert s.policy.tokens_in == len(tok.apply_chat_template(sent, tokenize=True, add_generation_prompt=True)["input_ids"])
+        w.step(recorded_action(s))
+    back = record_from_json(EpisodeRecord, record_json(ep))
+    assert back.steps[0].policy.prompt == ep.steps[0].policy.prompt
 
 
 # ------------------------------------------------------------------ the server path

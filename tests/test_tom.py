@@ -210,7 +210,7 @@ def test_tom_world_stories_from_a_user_scenario_file(my_lunch, tmp_path, monkeyp
 
     mine = load_spec(my_lunch)
     real = tom_mod.evaluate_tom  # the command with a backend that answers nothing: only the stories matter here
-    monkeypatch.setattr(tom_mod, "evaluate_tom", lambda cfg: real(cfg, backend=ErrorBackend()))
+    monkeypatch.setattr(tom_mod, "evaluate_tom", lambda cfg, progress=None: real(cfg, backend=ErrorBackend(), progress=progress))
     r = CliRunner().invoke(app, ["tom", "--stories", "1", "--max-retries", "0", "--world-stories", "1",
                                  "--scenario", str(my_lunch), "--out", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output

@@ -28,6 +28,7 @@ from .diagnostics import coverage, failure_counts
 from .evaluate import episode_seeds
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
 from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
+from .config import at_least, one_of
 from .loop import LoopConfig, Progress, check_unlockable, config_doc, run_loop
 from .policies import SCRIPTED, make_policy
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
@@ -106,6 +107,11 @@ class BenchConfig:
     scenarios: tuple[str, ...] = field(default=(), metadata={"help": (
         "scenario ids or YAML paths of your own (repeatable), instead of the preset's; each unlocks with its tier "
         "(the preset's budget stays)")})
+
+    def __post_init__(self) -> None:
+        one_of(self, "preset", tuple(PRESETS))
+        one_of(self, "unlock", ("progressive", "adaptive", "fixed"))
+        at_least(self, 1, "cycles", "lm_batch_size", "resamples")
 
     def scenario_names(self) -> tuple[str, ...]:
         return tuple(self.scenarios) or PRESETS[self.preset].scenarios

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from .config import at_least
 from .core import Fact, Memory
 from .records import EpisodeRecord
 from .spec import ScenarioSpec
@@ -175,6 +176,11 @@ class ChainConfig:
     seed: int = field(default=0, metadata={"help": "run seed: chain casts, episode seeds, bootstrap"})
     lm_batch_size: int = field(default=12, metadata={"help": "language models: prompts per forward pass"})
     out: str = field(default="runs/chain", metadata={"help": "folder for <mode>/episodes.jsonl and chain.json"})
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "chains", "length", "lm_batch_size")
+        if not self.modes or set(self.modes) - set(MODES):
+            raise ValueError(f"modes must be a non-empty subset of {', '.join(MODES)}, got {self.modes}")
 
 
 def chain_seed(run_seed: int, scenario_id: str, chain: int, position: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,10 +46,17 @@ def _quiet_libraries() -> None:
                        ("TRANSFORMERS_VERBOSITY", "error")):
         os.environ.setdefault(var, value)
 
-    class _LogFile(logging.FileHandler):  # its folder made when the first warning comes
+    class _LogFile(logging.FileHandler):  # its folder made when the first line comes
+        failed = False
+
         def _open(self):
             Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
             return super()._open()
+
+        def handleError(self, record):  # a log file that cannot be written: said once, the command goes on
+            if not self.failed:
+                self.failed = True
+                print(f"warning: cannot write the log file {self.baseFilename}: {sys.exc_info()[1]}", file=sys.stderr)
 
     log = _LogFile(os.environ.get("SOCIALWORLD_LOG", LOG_FILE), delay=True, encoding="utf-8")
     log.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
@@ -80,8 +88,41 @@ def _SleepConfig():  # imported lazily, as above
 
 
 def _say(msg: str) -> None:
-    """Print library text literally: never as rich markup ('[a-z0-9_]' is not a style tag)."""
+    """Print library text literally: never as rich markup ('[a-z0-9_]' is not a style tag); and
+    into the run's log once the command has one (:func:`_run_log`)."""
+    import logging
+
     console.print(msg, markup=False)
+    logging.getLogger("socialworld").info(msg)
+
+
+RUN_LOG = "socialworld.log"
+"""the run's log inside its output folder: the command's own lines and the libraries' warnings"""
+
+
+def _run_log(out: str | Path) -> None:
+    """From here on, the libraries' warnings and every line :func:`_say` prints also go to
+    ``<out>/socialworld.log`` (made when first written), unless ``SOCIALWORLD_LOG`` names a file."""
+    import logging
+    import os
+
+    if os.environ.get("SOCIALWORLD_LOG"):
+        return
+    path = os.path.abspath(Path(out) / RUN_LOG)
+    for h in logging.getLogger("py.warnings").handlers:
+        if type(h).__name__ == "_LogFile":
+            h.acquire()
+            try:
+                if h.stream is not None:
+                    h.stream.close()
+                    h.stream = None  # type: ignore[assignment]
+                h.baseFilename = path
+            finally:
+                h.release()
+            own = logging.getLogger("socialworld")
+            own.handlers = [h]
+            own.setLevel(logging.INFO)
+            own.propagate = False
 
 
 def _fail(msg: str) -> None:
@@ -139,6 +180,7 @@ def eval_cmd(
                          batch_size=batch_size, lm_batch_size=lm_batch_size, decoding=decoding,
                          max_new_tokens=max_new_tokens, out=out, overwrite=overwrite)
         n = len(resolve_scenarios(cfg.scenarios, cfg.tiers)) * cfg.episodes
+        _run_log(cfg.out_dir())
         if as_json:
             result = evaluate(cfg)
         else:
@@ -252,6 +294,7 @@ def loop_cmd(
                                            target_modules=tuple(m for m in target_modules.split(",") if m)))
     except ValueError as err:
         _fail(str(err))
+    _run_log(cfg.out)
     summaries = _with_bars(lambda progress: run_loop(cfg, log=_say, progress=progress))
     t = Table(title=escape(f"loop: {out} ({METRICS_CONTRACT})"))
     for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "solve", "D", "CR",
@@ -339,17 +382,30 @@ def fit_cmd(
     console.print(t)
 
 
+PLAIN_EVERY_S = 5.0
+"""progress written to a file or pipe: at most one line per this many seconds per bar"""
+
+
 @contextmanager
 def _bars():
     """A progress factory ``progress(what, total) -> advance(_)``: rich bars with elapsed time and
-    an ETA on a terminal; elsewhere (a log file, a pipe) one plain line per finished item with
-    the same numbers, since rich draws nothing there until the end."""
+    an ETA on a terminal; elsewhere (a log file, a pipe) plain lines with the same numbers, since
+    rich draws nothing there until the end: one per finished item, at most one per
+    ``PLAIN_EVERY_S`` seconds (the first and the last always)."""
+    import logging
+
     if console.is_terminal:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("eta"), TimeRemainingColumn(), console=console) as bars:
             def progress(what: str, total: int):
-                task = bars.add_task(what, total=total)
-                return lambda _ep: bars.advance(task)
+                task, t0, done = bars.add_task(what, total=total), time.monotonic(), [0]
+
+                def advance(_ep) -> None:
+                    bars.advance(task)
+                    done[0] += 1
+                    if done[0] == total:  # the run's log gets the finished bar
+                        logging.getLogger("socialworld").info(f"{what}: {total}/{total}, {time.monotonic() - t0:.0f} s")
+                return advance
 
             try:
                 yield progress
@@ -358,13 +414,15 @@ def _bars():
         return
 
     def plain(what: str, total: int):
-        t0, done = time.monotonic(), [0]
+        t0, done, said = time.monotonic(), [0], [-PLAIN_EVERY_S]
 
         def advance(_ep) -> None:
             done[0] += 1
             spent = time.monotonic() - t0
-            eta = spent / done[0] * (total - done[0])
-            _say(f"{what}: {done[0]}/{total}, {spent:.0f} s, eta {eta:.0f} s")
+            if done[0] in (1, total) or spent - said[0] >= PLAIN_EVERY_S:
+                said[0] = spent
+                eta = spent / done[0] * (total - done[0])
+                _say(f"{what}: {done[0]}/{total}, {spent:.0f} s, eta {eta:.0f} s")
         return advance
 
     yield plain
@@ -402,19 +460,21 @@ def bench_cmd(
     """ASCENT-Bench: arms A (untrained), B (closed loop), C (proxy or expert), oracle and random
     through the lifelong protocol; writes bench.json, report.md and report.html to --out.
     With --suite methods|ablations, every variant under the same protocol and budget."""
-    from .bench import PRESETS, SUITES, BenchConfig, phase_seconds, run_bench, run_suite
+    from .bench import SUITES, BenchConfig, phase_seconds, run_bench, run_suite
     from .report import main_rows, r_rows
 
-    if preset not in PRESETS:
-        _fail(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
-    cfg = BenchConfig(out=out, model=model, preset=preset, proxy=proxy, unlock=unlock, adaptive_threshold=adaptive_threshold,  # type: ignore[arg-type]
-                      cycles=cycles, seed=seed, scenarios=tuple(scenario or ()))
+    try:
+        cfg = BenchConfig(out=out, model=model, preset=preset, proxy=proxy, unlock=unlock,  # type: ignore[arg-type]
+                          adaptive_threshold=adaptive_threshold, cycles=cycles, seed=seed, scenarios=tuple(scenario or ()))
+    except ValueError as err:
+        _fail(str(err))
+    if suite not in SUITES and suite != "main":
+        _fail(f"unknown suite {suite!r}; known: main, {', '.join(SUITES)}")
+    _run_log(out)
     if suite in SUITES:
         _with_bars(lambda progress: run_suite(cfg, suite, log=_say, progress=progress))
         _say((Path(out) / suite / "suite.md").read_text())
         return
-    if suite != "main":
-        _fail(f"unknown suite {suite!r}; known: main, {', '.join(SUITES)}")
     result = _with_bars(lambda progress: run_bench(cfg, log=_say, progress=progress))
     for title, fn in (("main table (last cycle)", main_rows), ("R[cycle][tier]", r_rows)):
         head, rows = fn(result.doc)
@@ -458,7 +518,9 @@ def tom_cmd(
         cfg = TomConfig(model=model, stories=stories, agents=agents, extra_events=extra_events, seed=seed,
                         max_retries=max_retries, parse_tokens=parse_tokens, batch_size=batch_size, world_stories=world_stories,
                         scenarios=tuple(scenario or ()), out=out)
-        doc = evaluate_tom(cfg)
+        _run_log(cfg.out)
+        with _bars() as progress:
+            doc = evaluate_tom(cfg, progress=progress)
     except (ScenarioError, ValueError, OSError) as err:
         _fail(str(err))
         return
@@ -502,9 +564,13 @@ def foresee_cmd(
     plain/ and foresee/ episodes and foresee.json to --out."""
     from .foresee import evaluate_foresee
 
-    doc = _with_bars(lambda progress: evaluate_foresee(ForeseeConfig(
-        policy=policy, world_model=world_model, tiers=tier or None, scenarios=scenario or None, episodes=episodes, seed=seed,
-        alternatives=alternatives, margin=margin, refine=refine, lm_batch_size=lm_batch_size, out=out), progress=progress))
+    def run(progress):
+        cfg = ForeseeConfig(policy=policy, world_model=world_model, tiers=tier or None, scenarios=scenario or None, episodes=episodes,
+                            seed=seed, alternatives=alternatives, margin=margin, refine=refine, lm_batch_size=lm_batch_size, out=out)
+        _run_log(cfg.out)
+        return evaluate_foresee(cfg, progress=progress)
+
+    doc = _with_bars(run)
     fmt = lambda iv: f"{iv['mean']:+.3f} [{iv['lo']:+.3f}, {iv['hi']:+.3f}]"  # noqa: E731
     t = Table(title=escape(f"{doc['policy']}: plain vs Foresee-and-Act [{doc['world_model']}], {doc['episodes']} episodes, "
                            f"{doc['metrics_contract']}"))
@@ -536,9 +602,13 @@ def chain_cmd(
     and chain.json to --out."""
     from .chain import MODES, run_chains
 
-    doc = _with_bars(lambda progress: run_chains(ChainConfig(
-        policy=policy, tiers=tier or None, scenarios=scenario or None, chains=chains, length=length,
-        modes=list(mode or MODES), seed=seed, lm_batch_size=lm_batch_size, out=out), progress=progress))
+    def run(progress):
+        cfg = ChainConfig(policy=policy, tiers=tier or None, scenarios=scenario or None, chains=chains, length=length,
+                          modes=list(mode or MODES), seed=seed, lm_batch_size=lm_batch_size, out=out)
+        _run_log(cfg.out)
+        return run_chains(cfg, progress=progress)
+
+    doc = _with_bars(run)
     fmt = lambda iv: f"{iv['mean']:.2f} [{iv['lo']:.2f}, {iv['hi']:.2f}]"  # noqa: E731
     t = Table(title=escape(f"{doc['policy']}: {doc['chains']} chains of {length}, {doc['metrics_contract']}"))
     for c in ("memory", "position", "pass", "solve", "CR", "A_e", "CR vs none", "prompt tokens/step", "memory chars/step"):

@@ -146,6 +146,8 @@ class Decision:
     latency_s: float = 0.0
     foresight: Mapping | None = None
     """a :class:`~socialworld.foresee.ForeseeAndAct` trace (draft, foreseen candidates, choice)"""
+    prompt: tuple[str, tuple[tuple[str, str], ...]] | None = None
+    """a language model's prompt: (template version, ((role, content), ...)) as sent"""
 
 
 # ---------------------------------------------------------------- observation (public only)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .config import at_least
 from .metrics import METRICS_CONTRACT, aggregate, group_by
 from .policies import SCRIPTED, make_policy
 from .records import TMP_MARK, EpisodeRecord, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
@@ -47,9 +48,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.decoding not in ("auto", "free", "constrained"):
             raise ValueError(f"decoding must be auto, free or constrained, got {self.decoding!r}")
-        for name in ("episodes", "batch_size", "lm_batch_size", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        at_least(self, 1, "episodes", "batch_size", "lm_batch_size", "max_new_tokens")
 
     def out_dir(self) -> Path:
         """``out``, or ``runs/eval-<policy>-s<seed>`` with every character of the policy spec that is

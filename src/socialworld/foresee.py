@@ -39,6 +39,7 @@ from typing import Any, Literal, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from .config import at_least, one_of
 from .core import MOOD_BUCKETS, Action, Decision, HiddenView, Observation, mood_bucket
 from .rng import WorldRNG, derive_seed
 from .s3ap import AGENT, S3APStep
@@ -307,7 +308,7 @@ class ForeseeAndAct:
             if cands is None:
                 out.append(Decision(d.action, d.mental_state, d.raw, d.parse_error, d.tokens_in, d.tokens_out, d.latency_s,
                                     foresight={"world_model": self.world_model.name, "refined": False,
-                                               "skipped": "unparseable" if d.action is None else "illegal"}))
+                                               "skipped": "unparseable" if d.action is None else "illegal"}, prompt=d.prompt))
                 continue
             draft_score = cands[0][1].score
             scored = [(a, f) for a, f in cands if f.score is not None]
@@ -322,7 +323,8 @@ class ForeseeAndAct:
                      "unparsed": sum(f.step is None for _, f in cands)}
             out.append(Decision(action, d.mental_state, d.raw, d.parse_error,
                                 d.tokens_in + sum(f.tokens_in for _, f in cands),
-                                d.tokens_out + sum(f.tokens_out for _, f in cands), d.latency_s, foresight=trace))
+                                d.tokens_out + sum(f.tokens_out for _, f in cands), d.latency_s, foresight=trace,
+                                prompt=d.prompt))
         return out
 
 
@@ -344,6 +346,11 @@ class ForeseeConfig:
     refine: str = field(default="harmful", metadata={"help": "harmful: refine only drafts foreseen to score below 0; argmax: take any alternative foreseen margin better"})
     lm_batch_size: int = field(default=12, metadata={"help": "language models: prompts per forward pass"})
     out: str = field(default="runs/foresee", metadata={"help": "folder for plain/ and foresee/ episodes and foresee.json"})
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "episodes", "lm_batch_size")
+        at_least(self, 0, "alternatives")
+        one_of(self, "refine", ("harmful", "argmax"))
 
 
 def make_world_model(spec: str, policy: Any = None, batch_size: int = 12) -> WorldModel:

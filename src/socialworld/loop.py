@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Callable, Literal, Sequence
 
 from .evaluate import episode_seeds
+from .config import at_least
 from .lifelong import next_unlocked, progressive_schedule
 from .metrics import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
 from .policies import make_policy
@@ -89,12 +90,8 @@ class LoopConfig:
             raise ValueError(f"tracks must be a non-empty subset of {TRACKS}, got {self.tracks}")
         if self.unlock not in ("fixed", "progressive", "adaptive"):
             raise ValueError(f"unlock must be fixed, progressive or adaptive, got {self.unlock!r}")
-        at_least = {"cycles": (self.cycles, 1), "train_episodes": (self.train_episodes, 1), "eval_episodes": (self.eval_episodes, 1),
-                    "lm_batch_size": (self.lm_batch_size, 1), "reference_episodes": (self.reference_episodes, 0),
-                    "dialogue_steps": (self.dialogue_steps, 0)}
-        for name, (value, low) in at_least.items():
-            if value < low:
-                raise ValueError(f"{name} must be at least {low}, got {value}")
+        at_least(self, 1, "cycles", "train_episodes", "eval_episodes", "lm_batch_size")
+        at_least(self, 0, "reference_episodes", "dialogue_steps")
 
 
 def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int]:
@@ -261,7 +258,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
 
         def sleep_all(_p: Path) -> None:
             report = GatingReport()
-            kept = screen_and_gate(candidate_pairs(specs, wake, ref, cfg.sleep, report), cfg.sleep, report)
+            kept = screen_and_gate(candidate_pairs(specs, wake, ref, cfg.sleep, report, progress), cfg.sleep, report)
             if earlier:
                 old = [p for rel in earlier for t in TRACKS for p in read_pairs(run.path(f"{rel}/pairs-{t}.parquet"))]
                 kept = add_replay(kept, old, cfg.sleep, report, key=(c,))

@@ -98,6 +98,19 @@ class StepSignals(_Rec):
     leaked: list[str]
 
 
+class Message(_Rec):
+    role: str
+    content: str
+
+
+class PromptRec(_Rec):
+    """What a language model received for one decision: its prompt template version and the
+    chat messages exactly as sent (the token count is :attr:`PolicyRec.tokens_in`)."""
+
+    version: str
+    messages: list[Message]
+
+
 class PolicyRec(_Rec):
     policy_id: str
     version: str | None = None
@@ -109,6 +122,9 @@ class PolicyRec(_Rec):
     tokens_in: int = 0
     tokens_out: int = 0
     latency_s: float = 0.0
+    prompt: PromptRec | None = None
+    """a language model's prompt at this step (None for scripted policies, and in records written
+    before the field existed)"""
 
 
 class StepRecord(_Rec):

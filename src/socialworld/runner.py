@@ -22,8 +22,10 @@ from .records import (
     FinalState,
     Lineage,
     MentalStateRec,
+    Message,
     ObservationRec,
     PolicyRec,
+    PromptRec,
     Reply,
     Setting,
     Signal,
@@ -117,6 +119,13 @@ def run_episodes(
     return out
 
 
+def _prompt(d: Decision) -> PromptRec | None:
+    if d.prompt is None:
+        return None
+    version, messages = d.prompt
+    return PromptRec(version=version, messages=[Message(role=r, content=c) for r, c in messages])
+
+
 def _step(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
     truth = w.truth()
     a_t = align(d.mental_state, truth)
@@ -158,7 +167,8 @@ def _step(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
             q_features=res.q_features,
             leaked=list(res.leaked),
         ),
-        policy=info.model_copy(update={"tokens_in": d.tokens_in, "tokens_out": d.tokens_out, "latency_s": d.latency_s}),
+        policy=info.model_copy(update={"tokens_in": d.tokens_in, "tokens_out": d.tokens_out, "latency_s": d.latency_s,
+                                       "prompt": _prompt(d)}),
     )
 
 

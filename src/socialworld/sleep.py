@@ -438,18 +438,30 @@ def utterance_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, rep
 
 
 def candidate_pairs(specs: dict[str, ScenarioSpec], wake: Sequence[EpisodeRecord], reference: dict[tuple[str, int], EpisodeRecord],
-                    cfg: SleepConfig, report: GatingReport) -> list[Pair]:
+                    cfg: SleepConfig, report: GatingReport, progress: Callable[[str, int], Callable[[Any], None]] | None = None
+                    ) -> list[Pair]:
     """All pairs of a wake (before screening and gating): action pairs of every episode, then
     (``cfg.reference_pairs``) action pairs at the states of every reference episode (the wake's
     seeds and any further training seeds), then dialogue pairs
     against the reference episode of the same scenario and seed, then (``cfg.utterance_pairs``)
-    counterfactual utterance pairs of every wake episode."""
-    pairs = [p for e in wake for p in action_pairs(specs[e.scenario_id], e, cfg, report)]
-    if cfg.reference_pairs != "off":
-        pairs += [p for k in sorted(reference) for p in reference_pairs(specs[k[0]], reference[k], cfg, report)]
-    pairs += [p for e in wake for p in dialogue_pairs(specs[e.scenario_id], e, reference[(e.scenario_id, e.seed)], cfg, report)]
+    counterfactual utterance pairs of every wake episode. ``progress(what, total)``, when given,
+    returns a callback ticked once per episode scored (the CLI's bars)."""
+    refs = [reference[k] for k in sorted(reference)] if cfg.reference_pairs != "off" else []
+    tick = progress("sleep: scoring counterfactuals (episodes)", len(wake) * (2 + cfg.utterance_pairs) + len(refs)) \
+        if progress else (lambda _: None)
+
+    def each(eps: Sequence[EpisodeRecord], make: Callable[[EpisodeRecord], list[Pair]]) -> list[Pair]:
+        out = []
+        for e in eps:
+            out += make(e)
+            tick(e)
+        return out
+
+    pairs = each(wake, lambda e: action_pairs(specs[e.scenario_id], e, cfg, report))
+    pairs += each(refs, lambda r: reference_pairs(specs[r.scenario_id], r, cfg, report))
+    pairs += each(wake, lambda e: dialogue_pairs(specs[e.scenario_id], e, reference[(e.scenario_id, e.seed)], cfg, report))
     if cfg.utterance_pairs:
-        pairs += [p for e in wake for p in utterance_pairs(specs[e.scenario_id], e, cfg, report)]
+        pairs += each(wake, lambda e: utterance_pairs(specs[e.scenario_id], e, cfg, report))
     return pairs
 
 

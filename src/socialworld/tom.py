@@ -24,10 +24,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .config import at_least
 from .rng import WorldRNG, derive_seed
 from .s3ap import S3AP_VERSION, S3APDocument, S3APStep
 from .spec import ScenarioSpec
@@ -332,19 +333,40 @@ def parse_messages(story_text: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": TOM_PARSE_SYSTEM}, {"role": "user", "content": story_text}]
 
 
-def parse_s3ap(backend, texts: Sequence[str], max_retries: int = 2) -> list[ParseResult]:
+Tick = Callable[[Any], None]
+Progress = Callable[[str, int], Tick]
+"""``progress(what, total)`` -> a callback ticked once per item done (the CLI draws bars with it)"""
+
+
+def _in_chunks(call: Callable[[list], list], items: Sequence, tick: Tick | None, chunk: int = 32) -> list:
+    """``call(items)``, made ``chunk`` items at a time when ``tick`` is given (the backend still
+    batches inside each call), ``tick`` once per item done."""
+    if tick is None:
+        return call(list(items))
+    out: list = []
+    for start in range(0, len(items), chunk):
+        part = list(items[start : start + chunk])
+        out += call(part)
+        for item in part:
+            tick(item)
+    return out
+
+
+def parse_s3ap(backend, texts: Sequence[str], max_retries: int = 2, progress: Progress | None = None) -> list[ParseResult]:
     """S3AP documents for narratives from any backend with ``complete(conversations)``; an invalid
     reply is answered with its validation errors, at most ``max_retries`` times. A backend error
-    counts as a failed attempt with that error."""
+    counts as a failed attempt with that error. ``progress(what, total)`` may return a per-item
+    callback (the CLI's bars)."""
     convs = [parse_messages(t) for t in texts]
     docs: list[S3APDocument | None] = [None] * len(texts)
     errors: list[list[list[str]]] = [[] for _ in texts]
     attempts = [0] * len(texts)
     todo = list(range(len(texts)))
-    for _ in range(max_retries + 1):
+    for attempt in range(max_retries + 1):
         if not todo:
             break
-        outs = backend.complete([convs[i] for i in todo])
+        tick = progress(f"tom: S3AP parse, attempt {attempt + 1} (stories)", len(todo)) if progress else None
+        outs = _in_chunks(backend.complete, [convs[i] for i in todo], tick)
         left = []
         for i, out in zip(todo, outs):
             attempts[i] += 1
@@ -444,17 +466,21 @@ def qa_messages(story: Story, q: Question, s3ap: S3APDocument | None) -> list[di
                                                            options=", ".join(story.containers))}]
 
 
-def answer_questions(backend, items: Sequence[tuple[Story, Question, S3APDocument | None]]) -> list[str | None]:
+def answer_questions(backend, items: Sequence[tuple[Story, Question, S3APDocument | None]], tick: Tick | None = None
+                     ) -> list[str | None]:
     """One answer per item: a local model picks one container under constrained decoding; other
-    backends answer freely and the first container named is the answer (None if none is)."""
+    backends answer freely and the first container named is the answer (None if none is).
+    ``tick``: called once per item answered."""
     convs = [qa_messages(s, q, d) for s, q, d in items]
     if hasattr(backend, "constrained"):
         from .lm.constrained import Choice
 
-        outs = backend.constrained(convs, [[Choice("answer", tuple(s.containers))] for s, _, _ in items])
+        programs = [[Choice("answer", tuple(s.containers))] for s, _, _ in items]
+        outs = _in_chunks(lambda part: backend.constrained([c for c, _ in part], [p for _, p in part]),
+                          list(zip(convs, programs)), tick)
         return [o.text.strip() for o in outs]
     answers: list[str | None] = []
-    for (s, _, _), out in zip(items, backend.complete(convs)):
+    for (s, _, _), out in zip(items, _in_chunks(backend.complete, convs, tick)):
         hits = sorted((m.start(), c) for c in s.containers for m in [re.search(rf"\b{c}\b", out.text.lower())] if m)
         answers.append(hits[0][1] if hits and not out.error else None)
     return answers
@@ -483,16 +509,23 @@ class TomConfig:
         "scenario ids or YAML paths of your own the world stories come from (repeatable; default: the shipped scenarios)")})
     out: str = field(default="runs/tom", metadata={"help": "folder for tom.json and answers.jsonl"})
 
+    def __post_init__(self) -> None:
+        at_least(self, 1, "stories", "parse_tokens", "batch_size")
+        at_least(self, 2, "agents")
+        at_least(self, 0, "extra_events", "max_retries", "world_stories")
+
 
 S3AP_SOURCES = ("none", "reference", "parsed")
 """QA prompt variants: no S3AP, the exact reference S3AP, the model's own parse (none where it failed)"""
 
 
-def _evaluate_source(backend, stories: Sequence[Story], max_retries: int, iv) -> tuple[dict, dict, list[dict]]:
+def _evaluate_source(backend, stories: Sequence[Story], max_retries: int, iv, progress: Progress | None = None,
+                     what: str = "") -> tuple[dict, dict, list[dict]]:
     """Parser rows (the model and the scripted parser), QA per S3AP source and question kind, and
     the answer rows, for one set of stories."""
     parsers = {"model": backend, "scripted": ScriptedS3APParser()}
-    parses = {name: parse_s3ap(p, [s.text for s in stories], max_retries) for name, p in parsers.items()}
+    parses = {name: parse_s3ap(p, [s.text for s in stories], max_retries, progress if name == "model" else None)
+              for name, p in parsers.items()}
     parser_rows = {}
     for name, results in parses.items():
         q = [parser_quality(r, s.reference) for r, s in zip(results, stories)]
@@ -503,7 +536,8 @@ def _evaluate_source(backend, stories: Sequence[Story], max_retries: int, iv) ->
     rows, qa = [], {}
     for source in S3AP_SOURCES:
         items = [(s, q, d) for s, d in zip(stories, docs[source]) for q in s.questions]
-        answers = answer_questions(backend, items)
+        answers = answer_questions(backend, items, progress(f"tom: QA{what}, S3AP {source} (questions)", len(items))
+                                   if progress else None)
         correct = [float(a == q.answer) for (_, q, _), a in zip(items, answers)]
         qa[source] = {"all": iv(correct), "unanswered": sum(a is None for a in answers)}
         for kind in ("reality", "first_order", "second_order"):
@@ -513,10 +547,11 @@ def _evaluate_source(backend, stories: Sequence[Story], max_retries: int, iv) ->
     return parser_rows, qa, rows
 
 
-def evaluate_tom(cfg: TomConfig, backend=None) -> dict:
+def evaluate_tom(cfg: TomConfig, backend=None, progress: Progress | None = None) -> dict:
     """Parser quality (the model and the scripted reference parser) and QA accuracy per S3AP
     source and question kind, each a mean with a 95% bootstrap interval; writes ``tom.json`` and
-    ``answers.jsonl`` to ``cfg.out`` atomically. ``backend`` overrides ``cfg.model`` (tests)."""
+    ``answers.jsonl`` to ``cfg.out`` atomically. ``backend`` overrides ``cfg.model`` (tests);
+    ``progress(what, total)`` may return a per-item callback (the CLI's bars)."""
     from pathlib import Path
 
     from .records import atomic_write_text
@@ -533,11 +568,11 @@ def evaluate_tom(cfg: TomConfig, backend=None) -> dict:
     def iv(values: Sequence[float]) -> dict:
         return bootstrap(values, seed=cfg.seed).as_dict()
 
-    parser_rows, qa, rows = _evaluate_source(backend, stories, cfg.max_retries, iv)
+    parser_rows, qa, rows = _evaluate_source(backend, stories, cfg.max_retries, iv, progress)
     world = world_stories(cfg.seed, cfg.world_stories, specs=specs) if cfg.world_stories > 0 else []
     world_doc = None
     if world:
-        w_parser, w_qa, w_rows = _evaluate_source(backend, world, cfg.max_retries, iv)
+        w_parser, w_qa, w_rows = _evaluate_source(backend, world, cfg.max_retries, iv, progress, " (world stories)")
         rows += w_rows
         world_doc = {"story_version": WORLD_STORY_VERSION, "stories": len(world), "parser": w_parser, "qa": w_qa,
                      "scenarios": {s.id: s.content_hash for s in specs},

@@ -120,12 +120,13 @@ class LMPolicy:
         else:
             comps = self.backend.complete(convs)
         out = []
-        for key, obs, c in zip(episode_keys, observations, comps):
+        for key, obs, conv, c in zip(episode_keys, observations, convs, comps):
             if c.error is not None:
                 action, belief, error = None, None, c.error
             else:
                 action, belief, error = parse_output(c.text, obs)
             belief = self._estimates[key] = merge(self._estimates.get(key), belief)
             out.append(Decision(action, belief, raw=c.text, parse_error=error, tokens_in=c.tokens_in,
-                                tokens_out=c.tokens_out, latency_s=c.latency_s))
+                                tokens_out=c.tokens_out, latency_s=c.latency_s,
+                                prompt=(self.prompt_version, tuple((m["role"], m["content"]) for m in conv))))
         return out
