@@ -119,7 +119,8 @@ def test_loop_and_bench_take_scenario_files(monkeypatch, my_lunch):
 def test_unknown_or_bad_scenarios_fail_before_any_work(tmp_path, my_lunch):
     from conftest import write_user_scenario
 
-    no_model = str(tmp_path / "no-model")  # would fail loudly, never load a real model, if work started
+    (tmp_path / "no-model").mkdir()
+    no_model = str(tmp_path / "no-model")  # an empty folder: would fail loudly, never load a real model, if work started
     cases = [
         (["loop", "--scenario", "no_such"], "unknown scenario 'no_such'"),
         (["loop", "--scenario", str(tmp_path / "missing.yaml")], f"{tmp_path / 'missing.yaml'}: no such file"),
@@ -171,6 +172,8 @@ def test_play_prints_model_text_literally(monkeypatch):
     (["loop", "--cycles", "-1"], "cycles must be at least 1"),
     (["loop", "--train-episodes", "0"], "train_episodes must be at least 1"),
     (["loop", "--eval-episodes", "0"], "eval_episodes must be at least 1"),
+    (["loop", "--model", "bogus"], "unknown policy 'bogus'"),
+    (["bench", "--model", "expert"], "model must be bundled or a model folder"),
     (["bench", "--cycles", "0"], "cycles must be at least 1"),
     (["bench", "--preset", "bogus"], "preset must be one of smoke, default, paper"),
     (["bench", "--suite", "bogus"], "unknown suite 'bogus'"),

@@ -29,6 +29,7 @@ from .evaluate import episode_seeds
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
 from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
 from .config import at_least, one_of
+from .lm.models import parse_model_spec
 from .loop import LoopConfig, Progress, check_unlockable, config_doc, run_loop
 from .policies import SCRIPTED, make_policy
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
@@ -112,6 +113,10 @@ class BenchConfig:
         one_of(self, "preset", tuple(PRESETS))
         one_of(self, "unlock", ("progressive", "adaptive", "fixed"))
         at_least(self, 1, "cycles", "lm_batch_size", "resamples")
+        if parse_model_spec(self.model).kind not in ("bundled", "hf"):  # before the run folder holds a typo
+            raise ValueError(f"arms A and B train a local model: model must be bundled or a model folder, got {self.model!r}")
+        if self.proxy:
+            parse_model_spec(self.proxy)
 
     def scenario_names(self) -> tuple[str, ...]:
         return tuple(self.scenarios) or PRESETS[self.preset].scenarios

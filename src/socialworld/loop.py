@@ -36,6 +36,7 @@ from typing import Callable, Literal, Sequence
 
 from .evaluate import episode_seeds
 from .config import at_least
+from .lm.models import parse_model_spec
 from .lifelong import next_unlocked, progressive_schedule
 from .metrics import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
 from .policies import make_policy
@@ -91,6 +92,8 @@ class LoopConfig:
         if self.unlock not in ("fixed", "progressive", "adaptive"):
             raise ValueError(f"unlock must be fixed, progressive or adaptive, got {self.unlock!r}")
         at_least(self, 1, "cycles", "train_episodes", "eval_episodes", "lm_batch_size")
+        if parse_model_spec(self.model).kind not in ("bundled", "hf"):  # before the run folder holds a typo
+            raise ValueError(f"the loop trains a local model: model must be bundled or a model folder, got {self.model!r}")
         at_least(self, 0, "reference_episodes", "dialogue_steps")
 
 
