@@ -35,3 +35,11 @@ def _cli_log_in_a_temporary_folder(tmp_path_factory):
     import os
 
     os.environ.setdefault("SOCIALWORLD_LOG", str(tmp_path_factory.mktemp("log") / "socialworld.log"))
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A tiny random causal LM folder (``socialworld.testing.tiny_lm``), built once per session; read it, never write into it."""
+    from socialworld.testing import tiny_lm
+
+    return tiny_lm(tmp_path_factory.mktemp("tiny-lm"))

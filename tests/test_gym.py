@@ -88,3 +88,24 @@ def test_user_scenarios_and_bad_options(my_lunch):
         sg.SocialWorldEnv("team_lunch", observation="json")
     with pytest.raises(RuntimeError, match="reset"):
         sg.SocialWorldEnv("team_lunch").step("ACTION: wait()")
+
+
+@pytest.mark.slow
+def test_the_grpo_example_trains_on_the_env(tiny_dir, tmp_path):
+    """examples/grpo_gymnasium.py: TRL's GRPO on a socialworld env, two steps on a tiny model."""
+    pytest.importorskip("trl")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "grpo_gymnasium.py"
+    spec = importlib.util.spec_from_file_location("grpo_gymnasium", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    rows = example.states("socialworld/team_lunch-v1", seeds=2, depth=2)
+    assert len(rows) == 4 and rows[0]["prompt"][0]["role"] == "system"
+    reward = example.world_reward("socialworld/team_lunch-v1")
+    good, bad = reward(None, [[{"role": "assistant", "content": "ACTION: wait()"}], "gibberish"], [rows[0]["snapshot"]] * 2)
+    assert bad == pytest.approx(-0.2) and bad < good  # unparseable: the world's penalty (0.2), more than a wasted wait()
+    out = example.main(["--model", str(tiny_dir), "--seeds", "2", "--depth", "2", "--steps", "2", "--generations", "2",
+                        "--max-completion-length", "8", "--out", str(tmp_path / "grpo")])
+    assert len(out["rewards"]) == 2 and (tmp_path / "grpo" / "adapter_config.json").exists()

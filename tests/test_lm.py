@@ -25,14 +25,9 @@ from socialworld.records import EpisodeRecord, record_from_json, record_json  # 
 from socialworld.runner import EpisodeJob, run_episodes  # noqa: E402
 from socialworld.sleep import recorded_action  # noqa: E402
 from socialworld.templates import POLICY_PROMPT_VERSION  # noqa: E402
-from socialworld.testing import drive, tiny_lm, tiny_spec  # noqa: E402
+from socialworld.testing import drive, tiny_spec  # noqa: E402
 from socialworld.visibility import legal_actions, observe  # noqa: E402
 from socialworld.world import World  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return tiny_lm(tmp_path_factory.mktemp("tiny-lm"))
 
 
 @pytest.fixture(scope="module")

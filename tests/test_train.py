@@ -9,13 +9,7 @@ slow = pytest.mark.slow  # ~35 s of TRL training on 2 cores: run by CI's `pytest
 from socialworld.policies import make_policy  # noqa: E402
 from socialworld.runner import EpisodeJob, run_episodes  # noqa: E402
 from socialworld.sleep import GatingReport, SleepConfig, action_pairs  # noqa: E402
-from socialworld.testing import tiny_lm  # noqa: E402
 from socialworld.train import TrainConfig, grpo_rows, lora_layers, planned_steps, simulator_reward, train_adapter  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return tiny_lm(tmp_path_factory.mktemp("tiny-lm"))
 
 
 @pytest.fixture(scope="module")
