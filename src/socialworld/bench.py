@@ -29,6 +29,7 @@ from .evaluate import episode_seeds
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
 from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
 from .config import at_least, one_of
+from .scale import RAY_HELP, check_ray, pmap, scripted_rollouts
 from .lm.models import parse_model_spec
 from .loop import LoopConfig, Progress, check_unlockable, config_doc, run_loop
 from .policies import SCRIPTED, make_policy
@@ -108,8 +109,11 @@ class BenchConfig:
     scenarios: tuple[str, ...] = field(default=(), metadata={"help": (
         "scenario ids or YAML paths of your own (repeatable), instead of the preset's; each unlocks with its tier "
         "(the preset's budget stays)")})
+    ray: str = field(default="", metadata={"help": RAY_HELP + "; the sleep phase's scoring, the scripted arms' rollouts and a "
+                                                               "suite's variants (the run folder must be on storage every node sees)"})
 
     def __post_init__(self) -> None:
+        check_ray(self.ray)
         one_of(self, "preset", tuple(PRESETS))
         one_of(self, "unlock", ("progressive", "adaptive", "fixed"))
         at_least(self, 1, "cycles", "lm_batch_size", "resamples")
@@ -128,7 +132,7 @@ class BenchConfig:
                           eval_episodes=p.eval_episodes, seed=self.seed,
                           lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock,
                           adaptive_threshold=self.adaptive_threshold, scenarios=self.scenario_names(), max_turns=p.max_turns,
-                          sleep=p.sleep, train=p.train, dialogue_steps=p.dialogue_steps)
+                          sleep=p.sleep, train=p.train, dialogue_steps=p.dialogue_steps, ray=self.ray)
         return replace(base, **over)
 
 
@@ -188,8 +192,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
         rel = f"arms/{arm}/episodes.jsonl"
 
         def evaluate_arm(p: Path, spec: str = spec, arm: str = arm) -> None:
-            policy = make_policy(spec, seed=cfg.seed, **({} if spec in SCRIPTED else {"batch_size": cfg.lm_batch_size}))
-            write_jsonl(p, run_episodes(policy, jobs, on_episode=progress(f"arm {arm} ({spec})", len(jobs)) if progress else None))
+            tick = progress(f"arm {arm} ({spec})", len(jobs)) if progress else None
+            if spec in SCRIPTED:
+                write_jsonl(p, scripted_rollouts(spec, jobs, ray=cfg.ray, seed=cfg.seed, tick=tick))
+                return
+            write_jsonl(p, run_episodes(make_policy(spec, seed=cfg.seed, batch_size=cfg.lm_batch_size), jobs, on_episode=tick))
 
         if run.produce(rel, f"eval:{spec}", evaluate_arm):
             log(f"arm {arm} ({spec}): evaluated {len(jobs)} episodes")
@@ -294,6 +301,11 @@ def variant_config(cfg: BenchConfig, suite: str, name: str, reuse_from: str = ""
     return replace(base, **over)
 
 
+def _variant_loop(lc: LoopConfig) -> list[dict]:
+    """One suite variant's loop (a Ray task under ``BenchConfig.ray``; its lines go to the worker's log)."""
+    return run_loop(lc, log=print)
+
+
 def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, progress: Progress | None = None) -> dict:
     """Every variant of ``suite`` under the same protocol and budget; returns (and writes to
     ``<out>/<suite>/suite.json`` and ``suite.md``) per-variant last-cycle metrics with intervals,
@@ -306,12 +318,20 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
     cfg_doc = config_doc(recorded(cfg, scenarios), scenarios.user)
     run.write_config(cfg_doc, defaults=ADDED_FIELDS)
     rows: dict[str, dict] = {}
-    first = ""
-    for name in SUITES[suite]:
-        lc = variant_config(cfg, suite, name, reuse_from=first)
-        log(f"{suite}: {name}")
-        summaries = run_loop(lc, log=log, progress=progress)
-        first = first or lc.out
+    names = list(SUITES[suite])
+    first = variant_config(cfg, suite, names[0], reuse_from="")
+    log(f"{suite}: {names[0]}")
+    runs = {names[0]: run_loop(first, log=log, progress=progress)}  # the untrained artifacts the others reuse
+    rest = [variant_config(cfg, suite, name, reuse_from=first.out) for name in names[1:]]
+    if cfg.ray:  # independent runs over the shared untrained artifacts: one Ray task each
+        log(f"{suite}: {', '.join(names[1:])} as Ray tasks")
+        runs.update(zip(names[1:], pmap(_variant_loop, rest, ray=cfg.ray)))
+    else:
+        for name, lc in zip(names[1:], rest):
+            log(f"{suite}: {name}")
+            runs[name] = run_loop(lc, log=log, progress=progress)
+    for name, lc in zip(names, [first, *rest]):
+        summaries = runs[name]
         tiers = {s["cycle"]: s["tiers"] for s in summaries}
         last = max(tiers)
         untrained = read_jsonl(Path(lc.out) / "cycle-0/eval/episodes.jsonl")

@@ -243,6 +243,7 @@ def loop_cmd(
     scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=help_for(_LoopConfig(), "scenarios")),
     model: str = typer.Option("bundled", help=help_for(_LoopConfig(), "model")),
     out: str = typer.Option("runs/loop", help=help_for(_LoopConfig(), "out")),
+    ray: str = typer.Option("", help=help_for(_LoopConfig(), "ray")),
     train_episodes: int = typer.Option(4, help=help_for(_LoopConfig(), "train_episodes")),
     reference_episodes: int = typer.Option(0, help=help_for(_LoopConfig(), "reference_episodes")),
     eval_episodes: int = typer.Option(3, help=help_for(_LoopConfig(), "eval_episodes")),
@@ -285,7 +286,7 @@ def loop_cmd(
         cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), scenarios=tuple(scenario or ()), train_episodes=train_episodes,
                          reference_episodes=reference_episodes, dialogue_steps=dialogue_steps,
                          eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
-                         unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged,  # type: ignore[arg-type]
+                         unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged, ray=ray,  # type: ignore[arg-type]
                          sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold, reference_pairs=reference_pairs,  # type: ignore[arg-type]
                                        replay=replay, wake_chosen=wake_chosen, label_gate=label_gate),
                          train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight,  # type: ignore[arg-type]
@@ -455,6 +456,7 @@ def bench_cmd(
     cycles: int = typer.Option(3, help=help_for(_BenchConfig(), "cycles")),
     seed: int = typer.Option(0, help=help_for(_BenchConfig(), "seed")),
     scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=help_for(_BenchConfig(), "scenarios")),
+    ray: str = typer.Option("", help=help_for(_BenchConfig(), "ray")),
     suite: str = typer.Option("main", help="main (arms A, B, C and references), methods (M0-M4) or ablations (E0-E6)"),
 ) -> None:
     """ASCENT-Bench: arms A (untrained), B (closed loop), C (proxy or expert), oracle and random
@@ -465,7 +467,7 @@ def bench_cmd(
 
     try:
         cfg = BenchConfig(out=out, model=model, preset=preset, proxy=proxy, unlock=unlock,  # type: ignore[arg-type]
-                          adaptive_threshold=adaptive_threshold, cycles=cycles, seed=seed, scenarios=tuple(scenario or ()))
+                          adaptive_threshold=adaptive_threshold, cycles=cycles, seed=seed, scenarios=tuple(scenario or ()), ray=ray)
     except ValueError as err:
         _fail(str(err))
     if suite not in SUITES and suite != "main":

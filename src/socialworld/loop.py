@@ -36,6 +36,7 @@ from typing import Callable, Literal, Sequence
 
 from .evaluate import episode_seeds
 from .config import at_least
+from .scale import RAY_HELP, check_ray, scripted_rollouts
 from .lm.models import parse_model_spec
 from .lifelong import next_unlocked, progressive_schedule
 from .metrics import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
@@ -85,6 +86,7 @@ class LoopConfig:
         "cap on the dialogue track's optimizer steps per cycle (0: the train steps): the template words it learns "
         "are fewer and easier than the actions")})
     train: TrainConfig = field(default_factory=lambda: TrainConfig(method="dpo", steps=20))
+    ray: str = field(default="", metadata={"help": RAY_HELP + " (how the run executes, not what it makes: not in config.yaml)"})
 
     def __post_init__(self) -> None:
         if not self.tracks or set(self.tracks) - set(TRACKS):
@@ -92,6 +94,7 @@ class LoopConfig:
         if self.unlock not in ("fixed", "progressive", "adaptive"):
             raise ValueError(f"unlock must be fixed, progressive or adaptive, got {self.unlock!r}")
         at_least(self, 1, "cycles", "train_episodes", "eval_episodes", "lm_batch_size")
+        check_ray(self.ray)
         if parse_model_spec(self.model).kind not in ("bundled", "hf"):  # before the run folder holds a typo
             raise ValueError(f"the loop trains a local model: model must be bundled or a model folder, got {self.model!r}")
         at_least(self, 0, "reference_episodes", "dialogue_steps")
@@ -118,13 +121,20 @@ before it: a stored config without one resumes as if it had that value. (Not eve
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""
 
 
+EXECUTION_FIELDS = ("ray",)
+"""config fields that change how a run executes, never its artifacts: left out of ``config.yaml``"""
+
+
 def config_doc(cfg, user_scenarios: dict[str, str]) -> dict:
     """What a run's ``config.yaml`` records (a loop's or a bench's): the config (its scenario names
     already the ones :func:`~socialworld.spec.run_scenarios` records: paths replaced by ids),
     ``user_scenarios`` (id -> content hash of each user scenario, stored in
     ``RUN/scenarios/<id>.yaml``, so a changed file is never resumed silently) and the metrics
     contract the run is scored under."""
-    return json.loads(json.dumps(asdict(cfg))) | {"user_scenarios": user_scenarios, CONTRACT_KEY: METRICS_CONTRACT}
+    doc = json.loads(json.dumps(asdict(cfg)))
+    for name in EXECUTION_FIELDS:  # how a run executes is not what it makes
+        doc.pop(name, None)
+    return doc | {"user_scenarios": user_scenarios, CONTRACT_KEY: METRICS_CONTRACT}
 
 
 def _reuse(run: RunDir, cfg: LoopConfig, mine: dict) -> None:
@@ -252,8 +262,9 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
                        inputs=prev):
             log(f"cycle {c} ({'+'.join(tiers)}): wake {len(jobs)} episodes")
         run.produce(f"{d}/wake/reference.jsonl", f"wake:{cfg.sleep.continuation}",
-                    lambda p: write_jsonl(p, run_episodes(make_policy(cfg.sleep.continuation),
-                                                          wake_jobs(c, tiers, max(cfg.train_episodes, cfg.reference_episodes)))))
+                    lambda p: write_jsonl(p, scripted_rollouts(cfg.sleep.continuation,
+                                                               wake_jobs(c, tiers, max(cfg.train_episodes, cfg.reference_episodes)),
+                                                               ray=cfg.ray)))
         wake = read_jsonl(run.path(f"{d}/wake/episodes.jsonl"))
         ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(f"{d}/wake/reference.jsonl"))}
 
@@ -261,7 +272,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
 
         def sleep_all(_p: Path) -> None:
             report = GatingReport()
-            kept = screen_and_gate(candidate_pairs(specs, wake, ref, cfg.sleep, report, progress), cfg.sleep, report)
+            kept = screen_and_gate(candidate_pairs(specs, wake, ref, cfg.sleep, report, progress, ray=cfg.ray), cfg.sleep, report)
             if earlier:
                 old = [p for rel in earlier for t in TRACKS for p in read_pairs(run.path(f"{rel}/pairs-{t}.parquet"))]
                 kept = add_replay(kept, old, cfg.sleep, report, key=(c,))

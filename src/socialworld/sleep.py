@@ -437,31 +437,42 @@ def utterance_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, rep
     return pairs
 
 
+def _score(cfg: SleepConfig, unit: tuple) -> tuple[list[Pair], GatingReport]:
+    """One episode's pairs of one kind, with its own gating counts: a pure function of its inputs
+    (a Ray task under ``ray``)."""
+    kind, spec, *eps = unit
+    report = GatingReport()
+    make = {"action": action_pairs, "reference": reference_pairs, "dialogue": dialogue_pairs, "utterance": utterance_pairs}[kind]
+    return make(spec, *eps, cfg, report), report
+
+
 def candidate_pairs(specs: dict[str, ScenarioSpec], wake: Sequence[EpisodeRecord], reference: dict[tuple[str, int], EpisodeRecord],
-                    cfg: SleepConfig, report: GatingReport, progress: Callable[[str, int], Callable[[Any], None]] | None = None
-                    ) -> list[Pair]:
+                    cfg: SleepConfig, report: GatingReport, progress: Callable[[str, int], Callable[[Any], None]] | None = None,
+                    ray: str = "") -> list[Pair]:
     """All pairs of a wake (before screening and gating): action pairs of every episode, then
     (``cfg.reference_pairs``) action pairs at the states of every reference episode (the wake's
     seeds and any further training seeds), then dialogue pairs
     against the reference episode of the same scenario and seed, then (``cfg.utterance_pairs``)
     counterfactual utterance pairs of every wake episode. ``progress(what, total)``, when given,
-    returns a callback ticked once per episode scored (the CLI's bars)."""
+    returns a callback ticked once per episode scored (the CLI's bars). Each (kind, episode) is
+    scored apart (:func:`_score`), as a Ray task with ``ray`` (:func:`socialworld.scale.pmap`);
+    the pairs and counts are the same either way."""
+    from functools import partial
+
+    from .scale import pmap
+
     refs = [reference[k] for k in sorted(reference)] if cfg.reference_pairs != "off" else []
-    tick = progress("sleep: scoring counterfactuals (episodes)", len(wake) * (2 + cfg.utterance_pairs) + len(refs)) \
-        if progress else (lambda _: None)
-
-    def each(eps: Sequence[EpisodeRecord], make: Callable[[EpisodeRecord], list[Pair]]) -> list[Pair]:
-        out = []
-        for e in eps:
-            out += make(e)
-            tick(e)
-        return out
-
-    pairs = each(wake, lambda e: action_pairs(specs[e.scenario_id], e, cfg, report))
-    pairs += each(refs, lambda r: reference_pairs(specs[r.scenario_id], r, cfg, report))
-    pairs += each(wake, lambda e: dialogue_pairs(specs[e.scenario_id], e, reference[(e.scenario_id, e.seed)], cfg, report))
+    units: list[tuple] = [("action", specs[e.scenario_id], e) for e in wake]
+    units += [("reference", specs[r.scenario_id], r) for r in refs]
+    units += [("dialogue", specs[e.scenario_id], e, reference[(e.scenario_id, e.seed)]) for e in wake]
     if cfg.utterance_pairs:
-        pairs += each(wake, lambda e: utterance_pairs(specs[e.scenario_id], e, cfg, report))
+        units += [("utterance", specs[e.scenario_id], e) for e in wake]
+    tick = progress("sleep: scoring counterfactuals (episodes)", len(units)) if progress else None
+    pairs: list[Pair] = []
+    for made, part in pmap(partial(_score, cfg), units, ray=ray, tick=tick):
+        pairs += made
+        report.candidates += part.candidates
+        report.excluded.update(part.excluded)
     return pairs
 
 

@@ -1,0 +1,94 @@
+"""Optional Ray execution of the work that parallelises (DESIGN §10): the sleep phase's
+counterfactual scoring (a pure function of scenario, wake episode and reference episode), scripted
+policies' rollouts, and suite variants. ``pip install 'socialworld[scale]'`` adds Ray.
+
+:func:`pmap` is the one entry: ``[fn(x) for x in items]``, in input order, either in this process
+(``ray=""``, the default: Ray is never imported) or as one Ray task per item (``ray="local"``
+starts a local Ray on this machine's CPUs; any other value is a cluster address such as
+``ray://head:10001`` or ``auto``). Every task's randomness comes from seeds derived from its
+inputs (:func:`socialworld.rng.derive_seed`), never from the process, so both ways give the same
+results, byte for byte (tested).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+RAY_HELP = ("run the parallel work as Ray tasks: '' (off: one process), 'local' (a local Ray on this machine's CPUs), "
+            "or a cluster address (ray://host:10001, auto); needs pip install 'socialworld[scale]'")
+
+
+def check_ray(address: str) -> None:
+    """Fail before any work when ``address`` asks for Ray and Ray is not installed."""
+    if not address:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError(f"--ray {address}: Ray is not installed; pip install 'socialworld[scale]' (or drop --ray)")
+
+
+def ray_init(address: str, num_cpus: int | None = None) -> None:
+    """Connect to (or start, for ``local``) the Ray cluster once per process."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address == "local":
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, configure_logging=False)
+    else:
+        ray.init(address=address, log_to_driver=True, configure_logging=False)
+
+
+def _call(fn: Callable[[Any], Any], item: Any) -> Any:
+    return fn(item)
+
+
+def pmap(fn: Callable[[T], R], items: Sequence[T], ray: str = "", tick: Callable[[T], None] | None = None) -> list[R]:
+    """``[fn(x) for x in items]`` in input order; with ``ray``, one Ray task per item (``fn`` and
+    the items travel by cloudpickle). ``tick(x)`` is called as each item finishes (a progress bar)."""
+    if not ray:
+        out = []
+        for x in items:
+            out.append(fn(x))
+            if tick:
+                tick(x)
+        return out
+    import ray as ray_mod
+
+    ray_init(ray)
+    task = ray_mod.remote(_call)
+    refs = [task.remote(fn, x) for x in items]
+    of = {ref: x for ref, x in zip(refs, items)}
+    pending = list(refs)
+    while pending:
+        done, pending = ray_mod.wait(pending, num_returns=1)
+        if tick:
+            tick(of[done[0]])
+    return ray_mod.get(refs)
+
+
+def _rollout(policy: str, seed: int, run_seed: int | None, job: Any) -> Any:
+    from .policies import make_policy
+    from .runner import run_episodes
+
+    return run_episodes(make_policy(policy, seed=seed), [job], run_seed=run_seed)[0]
+
+
+def scripted_rollouts(policy: str, jobs: Sequence[Any], ray: str = "", seed: int = 0, run_seed: int | None = None,
+                      tick: Callable[[Any], None] | None = None) -> list[Any]:
+    """The episode records of a scripted policy (``random``, ``expert``, ``oracle``) on ``jobs``
+    (:class:`~socialworld.runner.EpisodeJob`), in order. Without ``ray``, one lockstep batch;
+    with it, one Ray task per job. The same records either way: a scripted policy's state and
+    randomness are per episode (its key), never shared across a batch."""
+    if not ray:
+        from .policies import make_policy
+        from .runner import run_episodes
+
+        return run_episodes(make_policy(policy, seed=seed), jobs, run_seed=run_seed, on_episode=tick)
+    from functools import partial
+
+    return pmap(partial(_rollout, policy, seed, run_seed), jobs, ray=ray, tick=tick)
