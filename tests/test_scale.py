@@ -5,7 +5,7 @@ import pytest
 from socialworld.policies import make_policy
 from socialworld.records import write_jsonl
 from socialworld.runner import EpisodeJob, run_episodes
-from socialworld.scale import check_ray, pmap, scripted_rollouts
+from socialworld.scale import check_ray, pmap, rollouts
 from socialworld.sleep import GatingReport, SleepConfig, candidate_pairs, write_pairs
 
 
@@ -64,11 +64,11 @@ def test_sleep_scoring_on_ray_equals_one_process(specs, local_ray, tmp_path):
 
 
 @pytest.mark.slow
-def test_scripted_rollouts_on_ray_equal_one_process(specs, local_ray, tmp_path):
+def test_rollouts_on_ray_equal_one_process(specs, local_ray, tmp_path):
     jobs = [EpisodeJob(specs[s], seed) for s in ("birthday_budget-v1", "hackathon-v1") for seed in (1, 2, 3)]
     for policy in ("random", "expert"):
-        write_jsonl(tmp_path / "one.jsonl", scripted_rollouts(policy, jobs, seed=5))
-        write_jsonl(tmp_path / "ray.jsonl", scripted_rollouts(policy, jobs, ray=local_ray, seed=5))
+        write_jsonl(tmp_path / "one.jsonl", rollouts(policy, jobs, seed=5))
+        write_jsonl(tmp_path / "ray.jsonl", rollouts(policy, jobs, ray=local_ray, seed=5))
         assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
 
 

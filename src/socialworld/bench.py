@@ -29,13 +29,13 @@ from .evaluate import episode_seeds
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
 from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
 from .config import at_least, one_of
-from .scale import RAY_HELP, check_ray, pmap, scripted_rollouts
+from .scale import RAY_HELP, check_ray, pmap, rollouts
 from .lm.models import parse_model_spec
 from .loop import LoopConfig, Progress, check_unlockable, config_doc, run_loop
-from .policies import SCRIPTED, make_policy
+from .policies import SCRIPTED
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
 from .rundir import RunDir
-from .runner import EpisodeJob, run_episodes
+from .runner import EpisodeJob
 from .sleep import SleepConfig
 from .spec import RunScenarios, capped, run_scenarios
 from .stats import PASS, SOLVE, metric_interval, paired_difference
@@ -193,10 +193,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
 
         def evaluate_arm(p: Path, spec: str = spec, arm: str = arm) -> None:
             tick = progress(f"arm {arm} ({spec})", len(jobs)) if progress else None
-            if spec in SCRIPTED:
-                write_jsonl(p, scripted_rollouts(spec, jobs, ray=cfg.ray, seed=cfg.seed, tick=tick))
-                return
-            write_jsonl(p, run_episodes(make_policy(spec, seed=cfg.seed, batch_size=cfg.lm_batch_size), jobs, on_episode=tick))
+            lm = {} if spec in SCRIPTED else {"batch_size": cfg.lm_batch_size}
+            write_jsonl(p, rollouts(spec, jobs, ray=cfg.ray, seed=cfg.seed, tick=tick, **lm))
 
         if run.produce(rel, f"eval:{spec}", evaluate_arm):
             log(f"arm {arm} ({spec}): evaluated {len(jobs)} episodes")

@@ -36,7 +36,7 @@ from typing import Callable, Literal, Sequence
 
 from .evaluate import episode_seeds
 from .config import at_least
-from .scale import RAY_HELP, check_ray, scripted_rollouts
+from .scale import RAY_HELP, check_ray, rollouts
 from .lm.models import parse_model_spec
 from .lifelong import next_unlocked, progressive_schedule
 from .metrics import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
@@ -262,7 +262,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
                        inputs=prev):
             log(f"cycle {c} ({'+'.join(tiers)}): wake {len(jobs)} episodes")
         run.produce(f"{d}/wake/reference.jsonl", f"wake:{cfg.sleep.continuation}",
-                    lambda p: write_jsonl(p, scripted_rollouts(cfg.sleep.continuation,
+                    lambda p: write_jsonl(p, rollouts(cfg.sleep.continuation,
                                                                wake_jobs(c, tiers, max(cfg.train_episodes, cfg.reference_episodes)),
                                                                ray=cfg.ray)))
         wake = read_jsonl(run.path(f"{d}/wake/episodes.jsonl"))
