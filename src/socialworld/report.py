@@ -175,7 +175,7 @@ def plots(doc: dict) -> dict[str, str]:
             base = max(lo, 0)  # bars start at 0, or at the scale's floor (S_npc: 1)
             ax.bar(x, [iv["mean"] - base for iv in ivs], 0.7, bottom=base, color=[colours[a] for a in arms],
                    yerr=[[iv["mean"] - iv["lo"] for iv in ivs], [iv["hi"] - iv["mean"] for iv in ivs]], capsize=3)
-            ax.set_xticks(x, [f"{arm}\nn={iv['n']}" for arm, iv in zip(arms, ivs)], fontsize=8)
+            ax.set_xticks(x, [f"{arm}\nn={iv['n']}" for arm, iv in zip(arms, ivs)], fontsize=7)
             ax.set_ylim(lo, hi)
             ax.set_title(label)
             ax.axhline(base, color="k", lw=0.6)
