@@ -75,7 +75,9 @@ def test_rollouts_on_ray_equal_one_process(specs, local_ray, tmp_path):
 @pytest.mark.slow
 def test_a_loop_on_ray_makes_the_same_artifacts(tiny_dir, local_ray, tmp_path):
     """One tiny cycle with and without --ray: every artifact's hash equal (config.yaml too: how a
-    run executes is not recorded), so a run can be resumed either way."""
+    run executes is not recorded), so a run can be resumed either way. The language model's
+    episodes record each decision's wall time (``latency_s``), the one field two runs never share:
+    they are compared without it."""
     from dataclasses import replace
 
     from socialworld.loop import LoopConfig, run_loop
@@ -85,9 +87,19 @@ def test_a_loop_on_ray_makes_the_same_artifacts(tiny_dir, local_ray, tmp_path):
     base = LoopConfig(model=str(tiny_dir), cycles=1, tiers=("L0",), train_episodes=1, reference_episodes=2, eval_episodes=1,
                       lm_batch_size=4, max_turns=4, sleep=SleepConfig(rollouts=1, horizon=3, max_candidates=4, reference_pairs="own"),
                       train=TrainConfig(method="sft", steps=1, batch_size=2, max_length=1024))
-    hashes = {}
+    from socialworld.records import read_jsonl
+
+    lm_episodes = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycle-1/eval/episodes.jsonl")
+    hashes, episodes = {}, {}
     for name, ray in (("one", ""), ("ray", local_ray)):
         run_loop(replace(base, out=str(tmp_path / name), ray=ray), log=lambda _: None)
-        hashes[name] = {rel: a["sha256"] for rel, a in RunDir(tmp_path / name).artifacts.items()}
-    assert hashes["ray"] == hashes["one"] and "cycle-1/sleep" in hashes["one"] and "cycle-1/wake/reference.jsonl" in hashes["one"]
-    assert (tmp_path / "ray" / "config.yaml").read_bytes() == (tmp_path / "one" / "config.yaml").read_bytes()
+        hashes[name] = {rel: a["sha256"] for rel, a in RunDir(tmp_path / name).artifacts.items() if rel not in lm_episodes}
+        episodes[name] = [[s.model_dump(exclude={"policy": {"latency_s"}}) for e in read_jsonl(tmp_path / name / rel) for s in e.steps]
+                          for rel in lm_episodes]
+    assert hashes["ray"] == hashes["one"] and episodes["ray"] == episodes["one"]
+    assert {"cycle-1/sleep", "cycle-1/wake/reference.jsonl", "cycle-1/train/action/adapter"} <= set(hashes["one"])
+    import yaml
+
+    configs = [yaml.safe_load((tmp_path / name / "config.yaml").read_text()) for name in ("one", "ray")]
+    assert all("ray" not in c for c in configs)  # how a run executes is not recorded: only its folder differs
+    assert [{k: v for k, v in c.items() if k != "out"} for c in configs][0] == {k: v for k, v in configs[1].items() if k != "out"}
