@@ -178,10 +178,10 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
             return real_fn(*a, **k)
         return fn
 
-    # run_episodes calls: 1 cycle-0 evaluation + cycle-1 wake, 2 cycle-1 reference, 3 cycle-1 (trained)
-    # evaluation + cycle-2 wake, 4 cycle-2 reference, 5 cycle-2 evaluation
-    for name, target, real_fn, at in (("rollout1", "run_episodes", run_episodes, 1), ("rollout2", "run_episodes", run_episodes, 2),
-                                      ("rollout3", "run_episodes", run_episodes, 3), ("rollout5", "run_episodes", run_episodes, 5),
+    # run_episodes calls (the language model's rollouts): 1 cycle-0 evaluation + cycle-1 wake, 2 cycle-1
+    # (trained) evaluation + cycle-2 wake, 3 cycle-2 evaluation; rollouts calls (the expert's): 1 cycle-1 reference
+    for name, target, real_fn, at in (("rollout1", "run_episodes", run_episodes, 1), ("reference1", "rollouts", loop_mod.rollouts, 1),
+                                      ("rollout2", "run_episodes", run_episodes, 2), ("rollout3", "run_episodes", run_episodes, 3),
                                       ("sleep2", "screen_and_gate", loop_mod.screen_and_gate, 2)):
         monkeypatch.setattr(loop_mod, target, killer(real_fn, at))
         with pytest.raises(KeyboardInterrupt):
