@@ -103,3 +103,21 @@ def test_a_loop_on_ray_makes_the_same_artifacts(tiny_dir, local_ray, tmp_path):
     configs = [yaml.safe_load((tmp_path / name / "config.yaml").read_text()) for name in ("one", "ray")]
     assert all("ray" not in c for c in configs)  # how a run executes is not recorded: only its folder differs
     assert [{k: v for k, v in c.items() if k != "out"} for c in configs][0] == {k: v for k, v in configs[1].items() if k != "out"}
+
+
+@pytest.mark.slow
+def test_suite_variants_on_ray_give_the_same_suite(tmp_path, local_ray):
+    """The methods suite's variants after the first as Ray tasks: the same suite document."""
+    import json
+
+    from socialworld.bench import BenchConfig, run_suite
+    from socialworld.testing import tiny_lm
+
+    tiny = str(tiny_lm(tmp_path / "tiny"))
+    docs = {}
+    for name, ray in (("one", ""), ("ray", local_ray)):
+        cfg = BenchConfig(out=str(tmp_path / name), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000, ray=ray)
+        docs[name] = run_suite(cfg, "methods", log=lambda _: None)
+        docs[name]["config"].pop("out")
+    assert json.dumps(docs["ray"], sort_keys=True) == json.dumps(docs["one"], sort_keys=True)
+    assert list(docs["ray"]["variants"]) == ["M0-untrained", "M1-sft", "M2-grpo", "M3-dpo-trajectory-ungated", "M4-full"]
