@@ -177,6 +177,7 @@ def test_play_prints_model_text_literally(monkeypatch):
     (["loop", "--unlock", "bogus"], "unlock must be fixed, progressive or adaptive"),
     (["loop", "--gating", "bogus"], "gating must be strict or off"),
     (["eval", "--policy", "bogus:x"], "unknown policy 'bogus:x'"),
+    (["eval", "--policy", "bundled", "--ray", "local"], "'bundled' is a local model (run it without --ray)"),
     (["eval", "--policy", "openai:x"], "openai model spec must be openai:<model>@<http(s)://base_url>"),
     (["bench", "--model", "expert"], "model must be bundled or a model folder"),
     (["bench", "--cycles", "0"], "cycles must be at least 1"),

@@ -121,3 +121,13 @@ def test_suite_variants_on_ray_give_the_same_suite(tmp_path, local_ray):
         docs[name]["config"].pop("out")
     assert json.dumps(docs["ray"], sort_keys=True) == json.dumps(docs["one"], sort_keys=True)
     assert list(docs["ray"]["variants"]) == ["M0-untrained", "M1-sft", "M2-grpo", "M3-dpo-trajectory-ungated", "M4-full"]
+
+
+@pytest.mark.slow
+def test_eval_on_ray_writes_the_same_records(tmp_path, local_ray):
+    from socialworld.evaluate import EvalConfig, evaluate
+
+    for name, ray in (("one", ""), ("ray", local_ray)):
+        evaluate(EvalConfig(policy="random", scenarios=["team_lunch", "hackathon"], episodes=2, out=tmp_path / name, ray=ray))
+    for f in ("episodes.jsonl", "metrics.json"):
+        assert (tmp_path / "ray" / f).read_bytes() == (tmp_path / "one" / f).read_bytes()

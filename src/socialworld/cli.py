@@ -171,6 +171,7 @@ def eval_cmd(
     max_new_tokens: int = typer.Option(64, help=H("max_new_tokens")),
     out: Optional[Path] = typer.Option(None, help=H("out")),
     overwrite: bool = typer.Option(False, "--overwrite", help=H("overwrite")),
+    ray: str = typer.Option("", help=H("ray")),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document instead of tables"),
 ) -> None:
     """Evaluate a policy: metric table per tier and per scenario; records written to --out."""
@@ -178,7 +179,7 @@ def eval_cmd(
     try:
         cfg = EvalConfig(policy=policy, tiers=tiers, scenarios=scenario, episodes=episodes, seed=seed,
                          batch_size=batch_size, lm_batch_size=lm_batch_size, decoding=decoding,
-                         max_new_tokens=max_new_tokens, out=out, overwrite=overwrite)
+                         max_new_tokens=max_new_tokens, out=out, overwrite=overwrite, ray=ray)
         n = len(resolve_scenarios(cfg.scenarios, cfg.tiers)) * cfg.episodes
         _run_log(cfg.out_dir())
         if as_json:

@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Callable
 
 from .config import at_least
+from .lm.models import parse_model_spec
 from .metrics import METRICS_CONTRACT, aggregate, group_by
 from .policies import SCRIPTED, make_policy
 from .records import TMP_MARK, EpisodeRecord, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
 from .rng import derive_seed
 from .runner import EpisodeJob, run_episodes
+from .scale import RAY_HELP, check_ray, rollouts
 from .spec import resolve_scenarios
 
 
@@ -44,8 +46,12 @@ class EvalConfig:
         metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json [default: runs/eval-<policy>-s<seed>]"},
     )
     overwrite: bool = field(default=False, metadata={"help": "replace the records already in the output folder"})
+    ray: str = field(default="", metadata={"help": RAY_HELP + "; scripted and openai: policies only, one episode per task"})
 
     def __post_init__(self) -> None:
+        check_ray(self.ray)
+        if self.ray and parse_model_spec(self.policy).kind not in ("scripted", "openai"):
+            raise ValueError(f"--ray spreads scripted and openai: policies; {self.policy!r} is a local model (run it without --ray)")
         if self.decoding not in ("auto", "free", "constrained"):
             raise ValueError(f"decoding must be auto, free or constrained, got {self.decoding!r}")
         at_least(self, 1, "episodes", "batch_size", "lm_batch_size", "max_new_tokens")
@@ -106,7 +112,10 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
                                             "max_new_tokens": cfg.max_new_tokens}
     policy = make_policy(cfg.policy, seed=cfg.seed, **lm)
     out = cfg.check_out()  # before any episode: nothing run is lost to an unwritable or occupied folder
-    eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed)
+    if cfg.ray:  # the same records, one episode per Ray task
+        eps = rollouts(cfg.policy, jobs, ray=cfg.ray, seed=cfg.seed, run_seed=cfg.seed, tick=on_episode, **lm)
+    else:
+        eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed)
     result = EvalResult(cfg.policy, eps)
     write_jsonl(out / "episodes.jsonl", eps)
     write_parquet(out / "episodes.parquet", eps)
