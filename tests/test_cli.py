@@ -256,11 +256,14 @@ def test_serve_on_an_occupied_port_is_one_line(monkeypatch):
     assert r.exit_code == 2 and "127.0.0.1:8123 is in use" in r.output and "--port" in r.output
 
 
-def test_progress_in_a_log_file_is_a_plain_line_per_episode_with_an_eta(tmp_path):
+def test_progress_in_a_log_file_is_plain_lines_counting_turns_with_an_eta(tmp_path):
+    """A lockstep batch finishes its episodes together, so rollouts count turns: each step's, plus
+    the unused budget of an episode that ends (the team lunch budget is 7 turns, 2 episodes)."""
     r = runner.invoke(app, ["eval", "--policy", "expert", "--scenario", "team_lunch", "--episodes", "2", "--out", str(tmp_path / "e")])
     assert r.exit_code == 0, r.output
-    lines = [ln for ln in r.output.splitlines() if ln.startswith("eval expert: ")]
-    assert [ln.split(",")[0] for ln in lines] == ["eval expert: 1/2", "eval expert: 2/2"] and all("eta" in ln for ln in lines)
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("eval expert (turns): ")]
+    assert lines[0].split(",")[0] == "eval expert (turns): 1/14" and lines[-1].split(",")[0] == "eval expert (turns): 14/14"
+    assert all("eta" in ln for ln in lines)
 
 
 def test_a_run_logs_to_its_own_folder(tmp_path, monkeypatch):
@@ -281,7 +284,7 @@ def test_a_run_logs_to_its_own_folder(tmp_path, monkeypatch):
         logging.captureWarnings(False)
         logging.getLogger("socialworld").handlers = []
     log = (tmp_path / "e" / "socialworld.log").read_text()
-    assert "eval expert: 2/2" in log and "a library's deprecation" in log
+    assert "eval expert (turns): 14/14" in log and "a library's deprecation" in log
 
 
 def test_library_warnings_go_to_the_log_file_not_the_console(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from .check import check_scenario
 from .evaluate import EvalConfig, evaluate, help_for
+from .runner import per_turn
 from .chain import ChainConfig
 from .foresee import ForeseeConfig
 from .tom import TomConfig
@@ -180,13 +181,17 @@ def eval_cmd(
         cfg = EvalConfig(policy=policy, tiers=tiers, scenarios=scenario, episodes=episodes, seed=seed,
                          batch_size=batch_size, lm_batch_size=lm_batch_size, decoding=decoding,
                          max_new_tokens=max_new_tokens, out=out, overwrite=overwrite, ray=ray)
-        n = len(resolve_scenarios(cfg.scenarios, cfg.tiers)) * cfg.episodes
+        specs = resolve_scenarios(cfg.scenarios, cfg.tiers)
         _run_log(cfg.out_dir())
         if as_json:
             result = evaluate(cfg)
-        else:
+        elif cfg.ray:  # episodes finish one by one across the tasks
             with _bars() as progress:
-                result = evaluate(cfg, on_episode=progress(f"eval {policy}", n))
+                result = evaluate(cfg, on_episode=progress(f"eval {policy} (episodes)", len(specs) * cfg.episodes))
+        else:  # a lockstep batch finishes its episodes together: count turns
+            with _bars() as progress:
+                turns = sum(s.turn_budget for s in specs) * cfg.episodes
+                result = evaluate(cfg, on_steps=per_turn(progress(f"eval {policy} (turns)", turns)))
     except (ScenarioError, ValueError, OSError) as err:
         _fail(str(err))
         return

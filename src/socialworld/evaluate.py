@@ -103,7 +103,10 @@ class EvalResult:
                 "by_tier": by_tier, "by_scenario": by_scenario}
 
 
-def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None = None) -> EvalResult:
+def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None = None,
+             on_steps: Callable[[int], None] | None = None) -> EvalResult:
+    """Run, score and write ``cfg``'s episodes. ``on_episode`` as each is scored; ``on_steps`` (one
+    process only) as each lockstep step uses up turns (:func:`~socialworld.runner.run_episodes`)."""
     specs = resolve_scenarios(cfg.scenarios, cfg.tiers)
     if not specs:
         raise ValueError("no scenario matches the chosen scenarios and tiers")
@@ -115,7 +118,7 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
     if cfg.ray:  # the same records, one episode per Ray task
         eps = rollouts(cfg.policy, jobs, ray=cfg.ray, seed=cfg.seed, run_seed=cfg.seed, tick=on_episode, **lm)
     else:
-        eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed)
+        eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed, on_steps=on_steps)
     result = EvalResult(cfg.policy, eps)
     write_jsonl(out / "episodes.jsonl", eps)
     write_parquet(out / "episodes.parquet", eps)

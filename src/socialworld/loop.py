@@ -44,7 +44,7 @@ from .policies import make_policy
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, record_from_json, write_jsonl
 from .rng import derive_seed
 from .rundir import CONTRACT_KEY, LEGACY_CONTRACT, RunDir, with_defaults
-from .runner import EpisodeJob, run_episodes
+from .runner import EpisodeJob, per_turn, run_episodes, turn_budget
 from .sleep import GatingReport, SleepConfig, add_replay, candidate_pairs, read_pairs, screen_and_gate, write_pairs
 from .spec import SCENARIO_STORE, RunScenarios, ScenarioError, capped, resolve_scenarios, run_scenarios, spec_yaml
 from .stats import paired_difference
@@ -204,7 +204,8 @@ def unlocked_tiers(cfg: LoopConfig, c: int, previous: tuple[str, ...], previous_
 
 def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> list[dict]:
     def rollout(policy, jobs: list[EpisodeJob], what: str) -> list[EpisodeRecord]:
-        return run_episodes(policy, jobs, on_episode=progress(what, len(jobs)) if progress else None)
+        on_steps = per_turn(progress(f"{what} (turns)", turn_budget(jobs))) if progress else None
+        return run_episodes(policy, jobs, on_steps=on_steps)
 
     def eval_jobs(tiers: Sequence[str]) -> list[EpisodeJob]:
         return [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers

@@ -66,6 +66,19 @@ class EpisodeJob:
         return w, (self.setup(w) if self.setup is not None else None)
 
 
+def turn_budget(jobs: Sequence[EpisodeJob]) -> int:
+    """The most decision steps ``jobs`` can take (what :func:`run_episodes`' ``on_steps`` counts to)."""
+    return sum(j.spec.turn_budget for j in jobs)
+
+
+def per_turn(tick: Callable[[object], None]) -> Callable[[int], None]:
+    """An ``on_steps`` callback from a per-item progress callback: ``tick`` once per turn used up."""
+    def on_steps(n: int) -> None:
+        for _ in range(n):
+            tick(None)
+    return on_steps
+
+
 def is_privileged(policy: object) -> bool:
     return getattr(policy, "privileged", False) is True
 
@@ -85,9 +98,13 @@ def run_episodes(
     policy_info: PolicyRec | None = None,
     on_episode: Callable[[EpisodeRecord], None] | None = None,
     run_seed: int | None = None,
+    on_steps: Callable[[int], None] | None = None,
 ) -> list[EpisodeRecord]:
     """Run ``jobs`` in lockstep batches of ``batch_size``; return scored episode records in
-    job order."""
+    job order. ``on_episode(record)`` as each episode is scored; ``on_steps(n)`` after each
+    lockstep step with the turns it used up: one per episode that stepped, plus the unused turn
+    budget of each episode that just ended, so the counts add up to :func:`turn_budget` of the
+    jobs (a progress bar whose ETA holds while episodes in a lockstep batch finish together)."""
     from .diagnostics import diagnose
 
     info = policy_info or (policy.info() if hasattr(policy, "info") else PolicyRec(policy_id=policy.policy_id))
@@ -109,6 +126,8 @@ def run_episodes(
             decisions = decide(policy, [keys[i] for i in active], [worlds[i] for i in active], obs)
             for i, o, d in zip(active, obs, decisions):
                 steps[i].append(_step(worlds[i], o, d, info))
+            if on_steps:
+                on_steps(sum(1 + (worlds[i].spec.turn_budget - len(steps[i]) if worlds[i].done else 0) for i in active))
         for j, (w, chain), st, p0 in zip(batch, made, steps, phi0):
             ep = _episode(j, w, st, p0, info.policy_id, run_seed, chain)
             ep = ep.model_copy(update={"metrics": episode_metrics(ep)})
