@@ -47,7 +47,8 @@ def _cpu() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=2, help="random-policy wake episodes per scenario")
-    ap.add_argument("--references", type=int, default=3, help="expert reference episodes per scenario (the wake's seeds first)")
+    ap.add_argument("--references", type=int, default=3, help="expert reference episodes per scenario (the wake's seeds first; "
+                                                                "at least one per wake episode, as in the loop)")
     ap.add_argument("--workers", type=int, default=2, help="CPUs of the local Ray")
     ap.add_argument("--no-ray", action="store_true", help="one-process numbers only")
     ap.add_argument("--quick", action="store_true", help="L0 scenarios only")
@@ -58,7 +59,7 @@ def main() -> None:
     seeds = {s.id: [500 + i for i in range(max(args.episodes, args.references))] for s in specs}
     wake = run_episodes(make_policy("random", seed=0), [EpisodeJob(s, x) for s in specs for x in seeds[s.id][: args.episodes]])
     refs = {(e.scenario_id, e.seed): e for e in run_episodes(make_policy("expert"),
-                                                             [EpisodeJob(s, x) for s in specs for x in seeds[s.id][: args.references]])}
+                                                             [EpisodeJob(s, x) for s in specs for x in seeds[s.id]])}
     cfg = RECIPE_SLEEP
     print(f"CPU: {_cpu()}")
     print(f"{len(wake)} wake episodes ({sum(len(e.steps) for e in wake)} steps), {len(refs)} reference episodes "

@@ -14,7 +14,7 @@ def test_without_ray_nothing_imports_it(monkeypatch):
 
     monkeypatch.delitem(sys.modules, "ray", raising=False)
     ticks = []
-    assert pmap(lambda x: x * x, [1, 2, 3], tick=ticks.append) == [1, 4, 9] and ticks == [1, 2, 3]
+    assert pmap(lambda x: x * x, [1, 2, 3], tick=ticks.append) == [1, 4, 9] and ticks == [1, 4, 9]  # ticked with each result
     assert "ray" not in sys.modules
     check_ray("")  # off: nothing to check
 
@@ -131,3 +131,39 @@ def test_eval_on_ray_writes_the_same_records(tmp_path, local_ray):
         evaluate(EvalConfig(policy="random", scenarios=["team_lunch", "hackathon"], episodes=2, out=tmp_path / name, ray=ray))
     for f in ("episodes.jsonl", "metrics.json"):
         assert (tmp_path / "ray" / f).read_bytes() == (tmp_path / "one" / f).read_bytes()
+
+
+@pytest.mark.slow
+def test_bench_on_ray_writes_the_same_bench_json(tmp_path, local_ray):
+    """The smoke bench with and without --ray: bench.json (which records the config) the same but for the folder."""
+    import json
+
+    from socialworld.bench import BenchConfig, run_bench
+    from socialworld.testing import tiny_lm
+
+    tiny = str(tiny_lm(tmp_path / "tiny"))
+    docs = {}
+    for name, ray in (("one", ""), ("ray", local_ray)):
+        run_bench(BenchConfig(out=str(tmp_path / name), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000, ray=ray),
+                  log=lambda _: None)
+        docs[name] = json.loads((tmp_path / name / "bench.json").read_text())
+        assert "ray" not in docs[name]["config"]
+        docs[name]["config"].pop("out")
+    assert docs["ray"] == docs["one"]
+
+
+def test_a_wrong_ray_address_fails_before_any_artifact(tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    import socialworld.scale as scale
+    from socialworld.loop import LoopConfig, run_loop
+
+    def refuse(address, num_cpus=None):
+        raise ConnectionError(f"could not connect to {address}")
+
+    monkeypatch.setattr(scale, "ray_init", refuse)
+    import socialworld.loop as loop_mod
+
+    monkeypatch.setattr(loop_mod, "ray_init", refuse)
+    with pytest.raises(ConnectionError, match="ray://nowhere:1"):
+        run_loop(LoopConfig(out=str(tmp_path / "run"), ray="ray://nowhere:1"))
+    assert not (tmp_path / "run").exists()

@@ -29,9 +29,9 @@ from .evaluate import episode_seeds
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
 from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
 from .config import at_least, one_of
-from .scale import RAY_HELP, check_ray, pmap, rollouts
+from .scale import RAY_HELP, check_ray, pmap, ray_init, rollouts
 from .lm.models import parse_model_spec
-from .loop import LoopConfig, Progress, check_unlockable, config_doc, run_loop
+from .loop import EXECUTION_FIELDS, LoopConfig, Progress, check_unlockable, config_doc, run_loop
 from .policies import SCRIPTED
 from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
 from .rundir import RunDir
@@ -119,8 +119,8 @@ class BenchConfig:
         at_least(self, 1, "cycles", "lm_batch_size", "resamples")
         if parse_model_spec(self.model).kind not in ("bundled", "hf"):  # before the run folder holds a typo
             raise ValueError(f"arms A and B train a local model: model must be bundled or a model folder, got {self.model!r}")
-        if self.proxy:
-            parse_model_spec(self.proxy)
+        if self.proxy and parse_model_spec(self.proxy).kind not in ("scripted", "openai") and self.ray:
+            raise ValueError(f"--ray spreads scripted and openai: policies; the proxy {self.proxy!r} is a local model")
 
     def scenario_names(self) -> tuple[str, ...]:
         return tuple(self.scenarios) or PRESETS[self.preset].scenarios
@@ -183,6 +183,8 @@ def _subset(eps: Sequence[EpisodeRecord], tiers: Sequence[str]) -> list[EpisodeR
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> BenchResult:
     loop_dir = Path(cfg.out) / "loop"
     scenarios = bench_scenarios(cfg, loop_dir)  # checked before the run folder is made
+    if cfg.ray:
+        ray_init(cfg.ray)  # a wrong address fails here, not after the first cycles
     run = RunDir(cfg.out)
     run.write_config(config_doc(recorded(cfg, scenarios), scenarios.user), defaults=ADDED_FIELDS)
     summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
@@ -229,7 +231,7 @@ def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_
     return {
         "version": BENCH_VERSION,
         "metrics_contract": METRICS_CONTRACT,
-        "config": json.loads(json.dumps(asdict(cfg))),
+        "config": {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k not in EXECUTION_FIELDS},
         "preset": asdict(PRESETS[cfg.preset]),
         "thresholds": {"CR": CR_THRESHOLD, "D": D_THRESHOLD, "guards": "any broken guard fails"},
         "steps_per_episode": {arm: fmean(len(e.steps) for e in cyc[last]) for arm, cyc in per_cycle.items()},
@@ -299,6 +301,14 @@ def variant_config(cfg: BenchConfig, suite: str, name: str, reuse_from: str = ""
     return replace(base, **over)
 
 
+def _training_task() -> dict:
+    """Ray resources of a task that trains: a GPU where this machine has one (a Ray task that asks
+    for none sees no GPU), else one CPU."""
+    import torch
+
+    return {"num_gpus": 1} if torch.cuda.is_available() else {}
+
+
 def _variant_loop(lc: LoopConfig) -> list[dict]:
     """One suite variant's loop (a Ray task under ``BenchConfig.ray``; its lines go to the worker's log)."""
     return run_loop(lc, log=print)
@@ -312,6 +322,8 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
         raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
     kw = {"seed": cfg.seed, "resamples": cfg.resamples}
     scenarios = bench_scenarios(cfg, Path(cfg.out) / suite / next(iter(SUITES[suite])))  # the first variant's loop
+    if cfg.ray:
+        ray_init(cfg.ray)
     run = RunDir(Path(cfg.out) / suite)
     cfg_doc = config_doc(recorded(cfg, scenarios), scenarios.user)
     run.write_config(cfg_doc, defaults=ADDED_FIELDS)
@@ -323,7 +335,7 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
     rest = [variant_config(cfg, suite, name, reuse_from=first.out) for name in names[1:]]
     if cfg.ray:  # independent runs over the shared untrained artifacts: one Ray task each
         log(f"{suite}: {', '.join(names[1:])} as Ray tasks")
-        runs.update(zip(names[1:], pmap(_variant_loop, rest, ray=cfg.ray)))
+        runs.update(zip(names[1:], pmap(_variant_loop, rest, ray=cfg.ray, options=_training_task())))
     else:
         for name, lc in zip(names[1:], rest):
             log(f"{suite}: {name}")

@@ -66,6 +66,7 @@ def _quiet_libraries() -> None:
     for old in [h for h in warnings_log.handlers if type(h).__name__ == "_LogFile"]:  # one per process
         warnings_log.removeHandler(old)
         old.close()
+    logging.getLogger("socialworld").handlers = []  # a previous command's run log (commands run in one process: tests)
     warnings_log.addHandler(log)
     warnings_log.propagate = False
 

@@ -16,7 +16,7 @@ from .policies import SCRIPTED, make_policy
 from .records import TMP_MARK, EpisodeRecord, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
 from .rng import derive_seed
 from .runner import EpisodeJob, run_episodes
-from .scale import RAY_HELP, check_ray, rollouts
+from .scale import RAY_HELP, check_ray, ray_init, rollouts
 from .spec import resolve_scenarios
 
 
@@ -115,6 +115,8 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
                                             "max_new_tokens": cfg.max_new_tokens}
     policy = make_policy(cfg.policy, seed=cfg.seed, **lm)
     out = cfg.check_out()  # before any episode: nothing run is lost to an unwritable or occupied folder
+    if cfg.ray:
+        ray_init(cfg.ray)
     if cfg.ray:  # the same records, one episode per Ray task
         eps = rollouts(cfg.policy, jobs, ray=cfg.ray, seed=cfg.seed, run_seed=cfg.seed, tick=on_episode, **lm)
     else:

@@ -36,7 +36,7 @@ from typing import Callable, Literal, Sequence
 
 from .evaluate import episode_seeds
 from .config import at_least
-from .scale import RAY_HELP, check_ray, rollouts
+from .scale import RAY_HELP, check_ray, ray_init, rollouts
 from .lm.models import parse_model_spec
 from .lifelong import next_unlocked, progressive_schedule
 from .metrics import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
@@ -237,6 +237,8 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
 
     scenarios = run_scenarios(cfg.scenarios, cfg.tiers, cfg.out)  # checked before the run folder is made
     check_unlockable(cfg, scenarios)
+    if cfg.ray:
+        ray_init(cfg.ray)  # a wrong address fails here, before any artifact
     run = RunDir(cfg.out)
     doc = config_doc(replace(cfg, scenarios=scenarios.names), scenarios.user)
     run.write_config(doc, may_grow=("cycles",), defaults=ADDED_FIELDS)

@@ -387,8 +387,15 @@ function fromHash() {
   const h = decodeURIComponent(location.hash);
   if (!h.startsWith('#view?')) return;
   const q = new URLSearchParams(h.slice(6));
-  for (const n of Object.keys(FILTERS)) document.getElementById('f-' + n).value = q.get(n) ?? '';
+  for (const n of Object.keys(FILTERS)) {
+    const box = document.getElementById('f-' + n), v = q.get(n) ?? '';
+    if (v && ![...box.options].some(o => o.value === v)) {  // no episode has it: the filter still holds (0 shown)
+      const o = document.createElement('option'); o.value = v; o.textContent = v; box.appendChild(o);
+    }
+    box.value = v;
+  }
   slider.value = 0; fill(''); document.getElementById('viewer').scrollIntoView();
+  history.replaceState(null, '', location.pathname + location.search);  // the same link works again
 }
 document.getElementById('cmp').addEventListener('click', ev => {
   const a = ev.target.closest('a[data-ep]'), row = ev.target.closest('tr[data-step]');
@@ -426,8 +433,8 @@ def html_report(doc: dict, images: dict[str, str], episodes: list[dict], shared:
                                                                  links=row_links(fn.__name__, doc))
                      for title, fn in TABLES)
     figs = "".join(f'<figure><img alt="{name}" src="data:image/png;base64,{b64}"></figure>' for name, b64 in images.items())
-    data = json.dumps(episodes).replace("</", "<\\/")
-    texts = json.dumps(list(shared)).replace("</", "<\\/")
+    data = json.dumps(episodes).replace("<", "\\u003c")  # no "</script>" or "<!--" can end the script element
+    texts = json.dumps(list(shared)).replace("<", "\\u003c")
     cfg = doc["config"]
     filters = "".join(f'<label>{name} <select id="f-{name}"><option value="">any</option></select></label>'
                       for name in ("arm", "cycle", "scenario", "tier", "outcome"))

@@ -47,27 +47,35 @@ def _call(fn: Callable[[Any], Any], item: Any) -> Any:
     return fn(item)
 
 
-def pmap(fn: Callable[[T], R], items: Sequence[T], ray: str = "", tick: Callable[[T], None] | None = None) -> list[R]:
+def pmap(fn: Callable[[T], R], items: Sequence[T], ray: str = "", tick: Callable[[R], None] | None = None,
+         options: dict[str, Any] | None = None) -> list[R]:
     """``[fn(x) for x in items]`` in input order; with ``ray``, one Ray task per item (``fn`` and
-    the items travel by cloudpickle). ``tick(x)`` is called as each item finishes (a progress bar)."""
+    the items travel by cloudpickle; ``options``: the task's resources, e.g. ``{"num_gpus": 1}``).
+    ``tick(result)`` as each item finishes (a progress bar). A failing task raises at once, and
+    the tasks still pending are cancelled."""
     if not ray:
         out = []
         for x in items:
             out.append(fn(x))
             if tick:
-                tick(x)
+                tick(out[-1])
         return out
     import ray as ray_mod
 
     ray_init(ray)
-    task = ray_mod.remote(_call)
+    task = ray_mod.remote(**options)(_call) if options else ray_mod.remote(_call)
     refs = [task.remote(fn, x) for x in items]
-    of = {ref: x for ref, x in zip(refs, items)}
     pending = list(refs)
-    while pending:
-        done, pending = ray_mod.wait(pending, num_returns=1)
-        if tick:
-            tick(of[done[0]])
+    try:
+        while pending:
+            done, pending = ray_mod.wait(pending, num_returns=1)
+            result = ray_mod.get(done[0])  # raises here if the task failed
+            if tick:
+                tick(result)
+    except BaseException:
+        for ref in pending:
+            ray_mod.cancel(ref)
+        raise
     return ray_mod.get(refs)
 
 

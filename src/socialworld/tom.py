@@ -338,9 +338,10 @@ Progress = Callable[[str, int], Tick]
 """``progress(what, total)`` -> a callback ticked once per item done (the CLI draws bars with it)"""
 
 
-def _in_chunks(call: Callable[[list], list], items: Sequence, tick: Tick | None, chunk: int = 32) -> list:
-    """``call(items)``, made ``chunk`` items at a time when ``tick`` is given (the backend still
-    batches inside each call), ``tick`` once per item done."""
+def _in_chunks(call: Callable[[list], list], items: Sequence, tick: Tick | None, chunk: int) -> list:
+    """``call(items)``, made ``chunk`` items at a time when ``tick`` is given (a multiple of the
+    backend's batch size: its batches, and so its output, stay those of one call), ``tick`` once
+    per item done."""
     if tick is None:
         return call(list(items))
     out: list = []
@@ -350,6 +351,11 @@ def _in_chunks(call: Callable[[list], list], items: Sequence, tick: Tick | None,
         for item in part:
             tick(item)
     return out
+
+
+def _chunk(backend) -> int:
+    """Items per backend call under a progress bar: four of its batches (or 32)."""
+    return 4 * getattr(backend, "batch_size", 8)
 
 
 def parse_s3ap(backend, texts: Sequence[str], max_retries: int = 2, progress: Progress | None = None) -> list[ParseResult]:
@@ -366,7 +372,7 @@ def parse_s3ap(backend, texts: Sequence[str], max_retries: int = 2, progress: Pr
         if not todo:
             break
         tick = progress(f"tom: S3AP parse, attempt {attempt + 1} (stories)", len(todo)) if progress else None
-        outs = _in_chunks(backend.complete, [convs[i] for i in todo], tick)
+        outs = _in_chunks(backend.complete, [convs[i] for i in todo], tick, _chunk(backend))
         left = []
         for i, out in zip(todo, outs):
             attempts[i] += 1
@@ -477,10 +483,10 @@ def answer_questions(backend, items: Sequence[tuple[Story, Question, S3APDocumen
 
         programs = [[Choice("answer", tuple(s.containers))] for s, _, _ in items]
         outs = _in_chunks(lambda part: backend.constrained([c for c, _ in part], [p for _, p in part]),
-                          list(zip(convs, programs)), tick)
+                          list(zip(convs, programs)), tick, _chunk(backend))
         return [o.text.strip() for o in outs]
     answers: list[str | None] = []
-    for (s, _, _), out in zip(items, _in_chunks(backend.complete, convs, tick)):
+    for (s, _, _), out in zip(items, _in_chunks(backend.complete, convs, tick, _chunk(backend))):
         hits = sorted((m.start(), c) for c in s.containers for m in [re.search(rf"\b{c}\b", out.text.lower())] if m)
         answers.append(hits[0][1] if hits and not out.error else None)
     return answers
