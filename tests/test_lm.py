@@ -284,8 +284,17 @@ def test_dead_server_gives_counted_errors_fast():
     assert ep.final.end_reason == "turn_budget"
 
 
-@pytest.mark.parametrize("mode", ["500", "garbage", "slow"])
-def test_misbehaving_server(mode):
+REPLIES = {
+    "number": b'{"choices": [{"message": {"content": 5}}]}',
+    "parts": b'{"choices": [{"message": {"content": [{"type": "text", "text": "ACTION: "}, {"type": "text", "text": "end()"}]}}],'
+             b' "usage": {"prompt_tokens": null, "completion_tokens": 3}}',
+    "null_usage": b'{"choices": [{"message": {"content": "ACTION: wait()"}}], "usage": {"prompt_tokens": null}}',
+    "surrogate": b'{"choices": [{"message": {"content": "ACTION: end()\\nSAY: \\ud800"}}]}',
+}
+
+
+@pytest.mark.parametrize("mode", ["500", "garbage", "slow", "truncated", *REPLIES])
+def test_misbehaving_server(mode, tmp_path):
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a):
             pass
@@ -294,10 +303,10 @@ def test_misbehaving_server(mode):
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if mode == "slow":
                 time.sleep(3)
-            code, body = (500, b"oops") if mode == "500" else (200, b'{"choices": []}')
+            code, body = (500, b"oops") if mode == "500" else (200, REPLIES.get(mode, b'{"choices": []}'))
             try:
                 self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(body) + (100 if mode == "truncated" else 0)))
                 self.end_headers()
                 self.wfile.write(body)
             except BrokenPipeError:  # the client already gave up (the "slow" case)
@@ -308,8 +317,21 @@ def test_misbehaving_server(mode):
     try:
         b = OpenAIBackend("x", f"http://127.0.0.1:{srv.server_address[1]}/v1", timeout_s=1.0)
         c = b.complete([[{"role": "user", "content": "hi"}]])[0]
-        want = {"500": "HTTP 500", "garbage": "malformed response", "slow": "cannot reach"}[mode]
-        assert c.text == "" and want in c.error
+        if mode in ("parts", "null_usage", "surrogate"):  # valid replies: kept, whatever their usage or text
+            assert c.error is None and c.text == {"parts": "ACTION: end()", "null_usage": "ACTION: wait()",
+                                                  "surrogate": "ACTION: end()\nSAY: \ud800"}[mode]
+            assert c.tokens_in == 0 and c.tokens_out == (3 if mode == "parts" else 0)
+            if mode == "surrogate":  # a whole episode with such a reply keeps its records
+                from socialworld.records import read_jsonl, write_jsonl
+
+                pol = make_policy(f"openai:x@http://127.0.0.1:{srv.server_address[1]}/v1", max_new_tokens=8)
+                ep = run_episodes(pol, [EpisodeJob(tiny_spec(), 0)])[0]
+                write_jsonl(tmp_path / "e.jsonl", [ep])
+                assert read_jsonl(tmp_path / "e.jsonl")[0].steps[0].action.raw == "ACTION: end()\nSAY: \ud800"
+        else:
+            want = {"500": "HTTP 500", "garbage": "malformed response", "slow": "cannot reach", "truncated": "broken response",
+                    "number": "content is int, not text"}[mode]
+            assert c.text == "" and want in c.error, c.error
     finally:
         srv.shutdown()
         srv.server_close()
@@ -421,3 +443,28 @@ def test_prompt_says_when_everyone_here_agrees(specs):
                 assert (POLICY_ALL_AGREE in line) == agreed
                 seen.add(agreed)
     assert seen == {True, False}
+
+
+def test_parsing_is_linear_in_the_reply_length(specs):
+    """A reply full of whitespace (free decoding, a fixed policy, GRPO's samples) parses at once:
+    the old patterns backtracked cubically (28 s for ``propose(`` and 4,000 spaces). 200,000
+    characters must take well under the 10 s allowed here (a cubic pattern would take days)."""
+    from socialworld.core import ActionParseError
+
+    obs = _obs(specs)
+    texts = ["propose(" + " " * 200_000, "ACTION: propose(" + " " * 200_000 + "x", "ACTION: x" + " " * 200_000 + "y",
+             "ACTION:" + " " * 200_000 + "end()" + " " * 200_000]
+    done = []
+
+    def work():
+        for t in texts:
+            done.append(parse_output(t, obs))
+        with pytest.raises(ActionParseError):
+            Action.parse(texts[0])
+        done.append(Action.parse("  end( " + " " * 100_000 + ")  "))
+
+    th = threading.Thread(target=work, daemon=True)
+    th.start()
+    th.join(10)
+    assert len(done) == 5, "parsing a long reply did not finish in 10 s"
+    assert done[0][2] == "no ACTION line" and done[1][0] is None and done[3][0] == Action("end") and done[4] == Action("end")

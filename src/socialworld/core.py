@@ -62,7 +62,9 @@ class ActionParseError(ValueError):
     """Raised by :meth:`Action.parse` for text that is not exactly one well-formed action."""
 
 
-_ACTION_RE = re.compile(r"^\s*([a-z_]+)\s*\(\s*([^()]*?)\s*\)\s*$")
+_ACTION_RE = re.compile(r"^\s*([a-z_]+)\s*\(([^()]*)\)\s*$")
+"""linear in the text's length: no two adjacent parts can match the same whitespace (a lazy group
+between two ``\\s*`` took 28 s on ``propose(`` and 4,000 spaces)"""
 
 
 @dataclass(frozen=True, slots=True)

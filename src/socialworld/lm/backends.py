@@ -5,6 +5,7 @@ conversations into :class:`Completion` records; a failed request is a completion
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import time
@@ -99,6 +100,24 @@ class HFBackend:
         return [Completion(r.text, r.tokens_in, r.tokens_out, r.latency_s) for r in rows]
 
 
+def _content(content: Any) -> str:
+    """A chat message's content as text: a string, null (no text), or a list of content parts
+    (the OpenAI spec's ``[{"type": "text", "text": ...}]``), whose text parts are joined. Anything
+    else raises ``TypeError`` (a malformed response)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        return "".join(p["text"] for p in content if p.get("type") == "text" and isinstance(p.get("text"), str))
+    raise TypeError(f"message content is {type(content).__name__}, not text")
+
+
+def _count(n: Any) -> int:
+    """A usage count; missing or null (some servers send ``"prompt_tokens": null``) is 0, never a lost reply."""
+    return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
+
 @dataclass
 class OpenAIBackend:
     """An OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, llama.cpp, Ollama, hosted)."""
@@ -130,15 +149,17 @@ class OpenAIBackend:
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 data = json.loads(resp.read())
-            text = data["choices"][0]["message"]["content"] or ""
+            text = _content(data["choices"][0]["message"]["content"])
             usage = data.get("usage") or {}
-            return Completion(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
+            return Completion(text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
                               time.perf_counter() - t0)
         except urllib.error.HTTPError as err:
             return Completion("", latency_s=time.perf_counter() - t0, error=f"HTTP {err.code} from {self.base_url}")
+        except http.client.HTTPException as err:  # a truncated body (IncompleteRead), a broken status line
+            return Completion("", latency_s=time.perf_counter() - t0, error=f"broken response from {self.base_url}: {err!r}")
         except (urllib.error.URLError, TimeoutError, OSError) as err:
             return Completion("", latency_s=time.perf_counter() - t0, error=f"cannot reach {self.base_url}: {err}")
-        except (ValueError, KeyError, IndexError, TypeError) as err:
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
             return Completion("", latency_s=time.perf_counter() - t0, error=f"malformed response from {self.base_url}: {err!r}")
 
     def complete(self, conversations: Sequence[Messages]) -> list[Completion]:
