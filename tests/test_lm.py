@@ -281,7 +281,24 @@ def test_dead_server_gives_counted_errors_fast():
     ep = run_episodes(pol, [EpisodeJob(tiny_spec(), 0)])[0]
     assert time.time() - t0 < 30
     assert all(s.action.parse_status == "unparseable" and "cannot reach" in s.action.error for s in ep.steps)
+    assert all(s.action.failure == "endpoint" for s in ep.steps)  # no reply at all: not a bad reply
     assert ep.final.end_reason == "turn_budget"
+    from socialworld.metrics import aggregate
+
+    agg = aggregate([ep])
+    assert agg.endpoint_failure_rate == 1.0 and agg.parse_failure_rate == 0.0
+
+
+def test_eval_against_a_dead_endpoint_ends_with_an_error_not_scores(tmp_path):
+    from typer.testing import CliRunner
+
+    from socialworld.cli import app
+
+    spec = f"openai:x@http://127.0.0.1:{_free_port()}/v1"
+    r = CliRunner().invoke(app, ["eval", "--policy", spec, "--scenario", "team_lunch", "--episodes", "1", "--out", str(tmp_path / "e")])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and "gave no reply on 100% of the steps" in text and "cannot reach" in text
+    assert (tmp_path / "e" / "episodes.jsonl").exists() and not (tmp_path / "e" / "metrics.json").exists()  # records kept, no scores
 
 
 REPLIES = {

@@ -174,6 +174,7 @@ def eval_cmd(
     out: Optional[Path] = typer.Option(None, help=H("out")),
     overwrite: bool = typer.Option(False, "--overwrite", help=H("overwrite")),
     ray: str = typer.Option("", help=H("ray")),
+    max_endpoint_failures: float = typer.Option(0.2, help=H("max_endpoint_failures")),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document instead of tables"),
 ) -> None:
     """Evaluate a policy: metric table per tier and per scenario; records written to --out."""
@@ -181,7 +182,8 @@ def eval_cmd(
     try:
         cfg = EvalConfig(policy=policy, tiers=tiers, scenarios=scenario, episodes=episodes, seed=seed,
                          batch_size=batch_size, lm_batch_size=lm_batch_size, decoding=decoding,
-                         max_new_tokens=max_new_tokens, out=out, overwrite=overwrite, ray=ray)
+                         max_new_tokens=max_new_tokens, out=out, overwrite=overwrite, ray=ray,
+                         max_endpoint_failures=max_endpoint_failures)
         specs = resolve_scenarios(cfg.scenarios, cfg.tiers)
         _run_log(cfg.out_dir())
         if as_json:
@@ -200,8 +202,10 @@ def eval_cmd(
     if as_json:
         print(json.dumps(summary))
         return
-    cols = ("U", "A_e", "S_npc", "D", "CR", "pass_rate", "solve_rate", "steps_per_episode", "parse_failure_rate")
-    heads = {"pass_rate": "PassRate", "solve_rate": "SolveRate", "steps_per_episode": "steps", "parse_failure_rate": "parse fail"}
+    cols = ("U", "A_e", "S_npc", "D", "CR", "pass_rate", "solve_rate", "steps_per_episode", "parse_failure_rate",
+            "endpoint_failure_rate")
+    heads = {"pass_rate": "PassRate", "solve_rate": "SolveRate", "steps_per_episode": "steps", "parse_failure_rate": "parse fail",
+             "endpoint_failure_rate": "endpoint fail"}
     for title, rows in (("by tier", summary["by_tier"]), ("by scenario", summary["by_scenario"])):
         t = Table(title=f"{policy}: {title} ({summary['episodes']} episodes, {summary['metrics_contract']})")
         t.add_column("tier" if title == "by tier" else "scenario")

@@ -150,6 +150,9 @@ class Decision:
     """a :class:`~socialworld.foresee.ForeseeAndAct` trace (draft, foreseen candidates, choice)"""
     prompt: tuple[str, tuple[tuple[str, str], ...]] | None = None
     """a language model's prompt: (template version, ((role, content), ...)) as sent"""
+    failure: Literal["endpoint"] | None = None
+    """``endpoint``: the policy got no reply at all (a transport or API failure: unreachable, HTTP
+    error, broken or malformed response), which is not a bad reply; ``raw`` is then empty"""
 
 
 # ---------------------------------------------------------------- observation (public only)

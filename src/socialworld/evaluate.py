@@ -47,6 +47,9 @@ class EvalConfig:
     )
     overwrite: bool = field(default=False, metadata={"help": "replace the records already in the output folder"})
     ray: str = field(default="", metadata={"help": RAY_HELP + "; scripted and openai: policies only, one episode per task"})
+    max_endpoint_failures: float = field(default=0.2, metadata={"help": (
+        "language models: when more than this share of steps got no reply (a transport or API failure), the "
+        "evaluation ends with an error instead of scores (the records are kept)")})
 
     def __post_init__(self) -> None:
         check_ray(self.ray)
@@ -55,6 +58,8 @@ class EvalConfig:
         if self.decoding not in ("auto", "free", "constrained"):
             raise ValueError(f"decoding must be auto, free or constrained, got {self.decoding!r}")
         at_least(self, 1, "episodes", "batch_size", "lm_batch_size", "max_new_tokens")
+        if not 0 <= self.max_endpoint_failures <= 1:
+            raise ValueError(f"max_endpoint_failures must be a share in [0, 1], got {self.max_endpoint_failures}")
 
     def out_dir(self) -> Path:
         """``out``, or ``runs/eval-<policy>-s<seed>`` with every character of the policy spec that is
@@ -124,5 +129,19 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
     result = EvalResult(cfg.policy, eps)
     write_jsonl(out / "episodes.jsonl", eps)
     write_parquet(out / "episodes.parquet", eps)
+    failed = aggregate(eps).endpoint_failure_rate
+    if failed > cfg.max_endpoint_failures:  # scores of a dead endpoint would only measure the endpoint
+        (out / "metrics.json").unlink(missing_ok=True)
+        raise EndpointFailure(f"the endpoint of {cfg.policy} gave no reply on {failed:.0%} of the steps (more than "
+                              f"--max-endpoint-failures {cfg.max_endpoint_failures:g}; the first error: {_first_error(eps)}): "
+                              f"no scores; the records are in {out}")
     atomic_write_text(out / "metrics.json", dumps_canonical(result.summary()) + "\n")
     return result
+
+
+class EndpointFailure(ValueError):
+    """An evaluation whose endpoint failed too often to score (:attr:`EvalConfig.max_endpoint_failures`)."""
+
+
+def _first_error(eps: list[EpisodeRecord]) -> str:
+    return next((s.action.error or "" for e in eps for s in e.steps if s.action.failure == "endpoint"), "")

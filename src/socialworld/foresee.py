@@ -308,7 +308,8 @@ class ForeseeAndAct:
             if cands is None:
                 out.append(Decision(d.action, d.mental_state, d.raw, d.parse_error, d.tokens_in, d.tokens_out, d.latency_s,
                                     foresight={"world_model": self.world_model.name, "refined": False,
-                                               "skipped": "unparseable" if d.action is None else "illegal"}, prompt=d.prompt))
+                                               "skipped": "unparseable" if d.action is None else "illegal"}, prompt=d.prompt,
+                                    failure=d.failure))
                 continue
             draft_score = cands[0][1].score
             scored = [(a, f) for a, f in cands if f.score is not None]

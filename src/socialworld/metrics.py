@@ -153,6 +153,7 @@ class Aggregate:
     solve_rate: float
     steps: int
     parse_failure_rate: float
+    endpoint_failure_rate: float = 0.0
     contract: str = METRICS_CONTRACT
 
     @property
@@ -162,13 +163,16 @@ class Aggregate:
     def as_dict(self) -> dict[str, float | int | str]:
         return {"U": self.U, "A_e": self.A_e, "S_npc": self.S_npc, "D": self.D, "CR": self.CR, "pass_rate": self.pass_rate,
                 "solve_rate": self.solve_rate, "n": self.n, "steps": self.steps, "steps_per_episode": self.steps_per_episode,
-                "parse_failure_rate": self.parse_failure_rate, "metrics_contract": self.contract}
+                "parse_failure_rate": self.parse_failure_rate, "endpoint_failure_rate": self.endpoint_failure_rate,
+                "metrics_contract": self.contract}
 
 
 def aggregate(episodes: Sequence[EpisodeRecord]) -> Aggregate:
     """Means of each metric; PassRate = share of passed episodes; SolveRate = share of solved
     episodes (every decision finalized, no guard broken); parse-failure rate = share of steps
-    whose output was unparseable or illegal (both executed as ``wait`` with the penalty).
+    whose reply was unparseable or illegal (both executed as ``wait`` with the penalty);
+    endpoint-failure rate = share of steps that got no reply at all (``failure == "endpoint"``),
+    counted apart: a dead endpoint is not a bad reply.
     Episodes scored under another metrics contract are refused (:func:`require_contract`)."""
     if not episodes:
         raise ValueError("cannot aggregate zero episodes")
@@ -176,9 +180,11 @@ def aggregate(episodes: Sequence[EpisodeRecord]) -> Aggregate:
     ms = [e.metrics or episode_metrics(e) for e in episodes]
     mean = lambda k: fmean(getattr(m, k).value or 0.0 for m in ms)  # noqa: E731
     steps = [s for e in episodes for s in e.steps]
-    failed = sum(s.action.parse_status != "ok" for s in steps)
+    endpoint = sum(s.action.failure == "endpoint" for s in steps)
+    failed = sum(s.action.parse_status != "ok" and s.action.failure is None for s in steps)
+    rate = lambda n: n / len(steps) if steps else 0.0  # noqa: E731
     return Aggregate(len(ms), mean("U"), mean("A_e"), mean("S_npc"), mean("D"), mean("CR"), fmean(float(m.passed) for m in ms),
-                     fmean(float(m.solved) for m in ms), len(steps), failed / len(steps) if steps else 0.0)
+                     fmean(float(m.solved) for m in ms), len(steps), rate(failed), rate(endpoint))
 
 
 def group_by(episodes: Iterable[EpisodeRecord], key: str) -> dict[str, list[EpisodeRecord]]:

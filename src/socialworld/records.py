@@ -72,6 +72,10 @@ class ActionRec(_Rec):
     foresight: dict[str, Any] | None = None
     """Foresee-and-Act only: the draft, each foreseen candidate's predicted S3AP step and score,
     the world model, and whether the draft was replaced (absent for every other policy)"""
+    failure: Literal["endpoint"] | None = None
+    """``endpoint``: no reply came back (a transport or API failure; ``error`` says which), counted
+    apart from replies that did not parse; the world treats the step as it treats any step without
+    a usable action"""
 
 
 class Reply(_Rec):

@@ -168,6 +168,7 @@ def _step(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
             error=res.error,
             executed=res.executed.key,
             **({"foresight": dict(d.foresight)} if d.foresight is not None else {}),
+            failure=d.failure,
         ),
         dialogue=DialogueRec(
             utterance=res.executed.utterance if d.action is not None else "",
