@@ -274,7 +274,10 @@ def test_eval_through_server(server):
     assert all(s.policy.tokens_in > 0 for s in ep.steps)
 
 
-def test_dead_server_gives_counted_errors_fast():
+def test_dead_server_gives_counted_errors_fast(monkeypatch):
+    import socialworld.lm.backends as backends
+
+    monkeypatch.setattr(backends.time, "sleep", lambda s: None)  # the retries' backoff (tested apart)
     port = _free_port()  # nothing listens here
     t0 = time.time()
     pol = make_policy(f"openai:x@http://127.0.0.1:{port}/v1", max_new_tokens=8)
@@ -289,15 +292,18 @@ def test_dead_server_gives_counted_errors_fast():
     assert agg.endpoint_failure_rate == 1.0 and agg.parse_failure_rate == 0.0
 
 
-def test_eval_against_a_dead_endpoint_ends_with_an_error_not_scores(tmp_path):
+def test_eval_against_a_dead_endpoint_ends_with_an_error_not_scores(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
+    import socialworld.lm.backends as backends
+
+    monkeypatch.setattr(backends.time, "sleep", lambda s: None)  # the retries' backoff (tested apart)
     from socialworld.cli import app
 
     spec = f"openai:x@http://127.0.0.1:{_free_port()}/v1"
     r = CliRunner().invoke(app, ["eval", "--policy", spec, "--scenario", "team_lunch", "--episodes", "1", "--out", str(tmp_path / "e")])
     text = " ".join(r.output.split())
-    assert r.exit_code == 2 and "gave no reply on 100% of the steps" in text and "cannot reach" in text
+    assert r.exit_code == 2 and "gave no reply on 100% of the steps" in text and "cannot reach" in text and "after 3 attempts" in text
     assert (tmp_path / "e" / "episodes.jsonl").exists() and not (tmp_path / "e" / "metrics.json").exists()  # records kept, no scores
 
 
@@ -485,3 +491,42 @@ def test_parsing_is_linear_in_the_reply_length(specs):
     th.join(10)
     assert len(done) == 5, "parsing a long reply did not finish in 10 s"
     assert done[0][2] == "no ACTION line" and done[1][0] is None and done[3][0] == Action("end") and done[4] == Action("end")
+
+
+def test_the_client_retries_429_and_5xx_and_keeps_the_servers_message():
+    calls = []
+    script = [(429, {"Retry-After": "0"}, b'{"error": {"message": "slow down"}}'), (503, {}, b"busy"),
+              (200, {}, b'{"choices": [{"message": {"content": "ACTION: end()"}}]}')]
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            auth = self.headers.get("Authorization")
+            code, headers, body = (401, {}, b'{"error": {"message": "bad key"}}') if auth == "Bearer wrong" else script[len(calls)]
+            calls.append(code)
+            self.send_response(code)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+        c = OpenAIBackend("x", url, backoff_s=0.01).complete([[{"role": "user", "content": "hi"}]])[0]
+        assert c.error is None and c.text == "ACTION: end()" and calls == [429, 503, 200]
+        calls.clear()
+        c = OpenAIBackend("x", url, api_key="wrong", backoff_s=0.01).complete([[{"role": "user", "content": "hi"}]])[0]
+        assert calls == [401] and c.error == f"HTTP 401 from {url}: bad key"  # not retried: the key will not get better
+        calls.clear()
+        script[:] = [(500, {}, b'{"error": {"message": "it broke"}}')] * 3
+        c = OpenAIBackend("x", url, backoff_s=0.01).complete([[{"role": "user", "content": "hi"}]])[0]
+        assert calls == [500] * 3 and c.error == f"HTTP 500 from {url}: it broke (after 3 attempts)"
+    finally:
+        srv.shutdown()
+        srv.server_close()

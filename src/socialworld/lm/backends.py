@@ -113,6 +113,33 @@ def _content(content: Any) -> str:
     raise TypeError(f"message content is {type(content).__name__}, not text")
 
 
+MAX_RETRY_AFTER_S = 30.0
+
+
+def _retry_after(header: str | None) -> float:
+    """Seconds a ``Retry-After`` header asks for (capped at ``MAX_RETRY_AFTER_S``), or -1: none given."""
+    try:
+        return min(MAX_RETRY_AFTER_S, max(0.0, float(header))) if header is not None else -1.0
+    except ValueError:  # an HTTP date: the backoff decides
+        return -1.0
+
+
+def _error_text(err: urllib.error.HTTPError) -> str:
+    """What the server said with its error: the OpenAI error body's message, else the body's start."""
+    try:
+        raw = err.read()[:2000].decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return ""
+    try:
+        data = json.loads(raw)
+        msg = data.get("error", {}).get("message") if isinstance(data.get("error"), dict) else data.get("error") or data.get("detail")
+        if isinstance(msg, str) and msg:
+            return msg[:300]
+    except (ValueError, AttributeError):
+        pass
+    return " ".join(raw.split())[:300]
+
+
 def _count(n: Any) -> int:
     """A usage count; missing or null (some servers send ``"prompt_tokens": null``) is 0, never a lost reply."""
     return n if isinstance(n, int) and not isinstance(n, bool) else 0
@@ -129,38 +156,58 @@ class OpenAIBackend:
     timeout_s: float = 60.0
     api_key: str | None = None
     decoding: dict[str, Any] = field(default_factory=dict)
+    retries: int = 2
+    """retries of a call answered 429 or 5xx, or refused at connection, after ``backoff_s`` doubling
+    each time (a ``Retry-After`` header, up to ``MAX_RETRY_AFTER_S``, wins)"""
+    backoff_s: float = 0.5
 
     def __post_init__(self) -> None:
         self.api_key = self.api_key or os.environ.get("SOCIALWORLD_API_KEY") or os.environ.get("OPENAI_API_KEY")
         self.decoding = {"strategy": "greedy", "temperature": 0, "max_tokens": self.max_new_tokens,
-                         "concurrency": self.concurrency, "timeout_s": self.timeout_s}
+                         "concurrency": self.concurrency, "timeout_s": self.timeout_s, "retries": self.retries}
 
     @property
     def name(self) -> str:
         return f"openai:{self.model}@{self.base_url}"
 
     def _one(self, messages: Messages) -> Completion:
+        t0 = time.perf_counter()
+        for attempt in range(self.retries + 1):
+            c, wait = self._attempt(messages, t0)
+            if c.error is None or wait is None or attempt == self.retries:
+                tries = f" (after {attempt + 1} attempts)" if attempt else ""
+                return c if c.error is None else Completion("", latency_s=c.latency_s, error=c.error + tries)
+            time.sleep(wait if wait >= 0 else self.backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _attempt(self, messages: Messages, t0: float) -> tuple[Completion, float | None]:
+        """One request: the completion (or its error) and, when the error is worth a retry (429,
+        5xx, a refused connection), the seconds to wait first (-1: the backoff's own)."""
         body = json.dumps({"model": self.model, "messages": messages, "temperature": 0,
                            "max_tokens": self.max_new_tokens}).encode()
         req = urllib.request.Request(f"{self.base_url}/chat/completions", data=body, method="POST",
                                      headers={"Content-Type": "application/json",
                                               **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
-        t0 = time.perf_counter()
+        fail = lambda msg: Completion("", latency_s=time.perf_counter() - t0, error=msg)  # noqa: E731
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 data = json.loads(resp.read())
             text = _content(data["choices"][0]["message"]["content"])
             usage = data.get("usage") or {}
             return Completion(text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
-                              time.perf_counter() - t0)
+                              time.perf_counter() - t0), None
         except urllib.error.HTTPError as err:
-            return Completion("", latency_s=time.perf_counter() - t0, error=f"HTTP {err.code} from {self.base_url}")
+            said = _error_text(err)
+            retry = err.code == 429 or err.code >= 500
+            wait = _retry_after(err.headers.get("Retry-After")) if retry else None
+            return fail(f"HTTP {err.code} from {self.base_url}" + (f": {said}" if said else "")), wait
         except http.client.HTTPException as err:  # a truncated body (IncompleteRead), a broken status line
-            return Completion("", latency_s=time.perf_counter() - t0, error=f"broken response from {self.base_url}: {err!r}")
+            return fail(f"broken response from {self.base_url}: {err!r}"), None
         except (urllib.error.URLError, TimeoutError, OSError) as err:
-            return Completion("", latency_s=time.perf_counter() - t0, error=f"cannot reach {self.base_url}: {err}")
+            refused = isinstance(getattr(err, "reason", err), ConnectionRefusedError)
+            return fail(f"cannot reach {self.base_url}: {err}"), (-1.0 if refused else None)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
-            return Completion("", latency_s=time.perf_counter() - t0, error=f"malformed response from {self.base_url}: {err!r}")
+            return fail(f"malformed response from {self.base_url}: {err!r}"), None
 
     def complete(self, conversations: Sequence[Messages]) -> list[Completion]:
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
