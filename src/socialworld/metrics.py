@@ -153,7 +153,7 @@ class Aggregate:
     solve_rate: float
     steps: int
     parse_failure_rate: float
-    endpoint_failure_rate: float = 0.0
+    endpoint_failure_rate: float
     contract: str = METRICS_CONTRACT
 
     @property

@@ -132,11 +132,12 @@ def _error_text(err: urllib.error.HTTPError) -> str:
         return ""
     try:
         data = json.loads(raw)
-        msg = data.get("error", {}).get("message") if isinstance(data.get("error"), dict) else data.get("error") or data.get("detail")
+    except ValueError:
+        data = None
+    if isinstance(data, dict):  # {"error": {"message": ...}} (OpenAI), {"error": "..."} or {"detail": "..."}
+        msg = data["error"].get("message") if isinstance(data.get("error"), dict) else data.get("error") or data.get("detail")
         if isinstance(msg, str) and msg:
             return msg[:300]
-    except (ValueError, AttributeError):
-        pass
     return " ".join(raw.split())[:300]
 
 
@@ -171,14 +172,15 @@ class OpenAIBackend:
         return f"openai:{self.model}@{self.base_url}"
 
     def _one(self, messages: Messages) -> Completion:
-        t0 = time.perf_counter()
-        for attempt in range(self.retries + 1):
-            c, wait = self._attempt(messages, t0)
-            if c.error is None or wait is None or attempt == self.retries:
-                tries = f" (after {attempt + 1} attempts)" if attempt else ""
-                return c if c.error is None else Completion("", latency_s=c.latency_s, error=c.error + tries)
+        t0, attempt = time.perf_counter(), 0
+        c, wait = self._attempt(messages, t0)
+        while c.error is not None and wait is not None and attempt < self.retries:
             time.sleep(wait if wait >= 0 else self.backoff_s * 2**attempt)
-        raise AssertionError("unreachable")
+            attempt += 1
+            c, wait = self._attempt(messages, t0)
+        if c.error is None or not attempt:
+            return c
+        return Completion("", latency_s=c.latency_s, error=f"{c.error} (after {attempt + 1} attempts)")
 
     def _attempt(self, messages: Messages, t0: float) -> tuple[Completion, float | None]:
         """One request: the completion (or its error) and, when the error is worth a retry (429,

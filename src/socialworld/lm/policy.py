@@ -127,7 +127,6 @@ class LMPolicy:
                 action, belief, error = parse_output(c.text, obs)
             belief = self._estimates[key] = merge(self._estimates.get(key), belief)
             out.append(Decision(action, belief, raw=c.text, parse_error=error, tokens_in=c.tokens_in,
-                                failure="endpoint" if c.error is not None else None,
-                                tokens_out=c.tokens_out, latency_s=c.latency_s,
+                                tokens_out=c.tokens_out, latency_s=c.latency_s, failure="endpoint" if c.error is not None else None,
                                 prompt=(self.prompt_version, tuple((m["role"], m["content"]) for m in conv))))
         return out
