@@ -316,7 +316,7 @@ REPLIES = {
 }
 
 
-@pytest.mark.parametrize("mode", ["500", "garbage", "slow", "truncated", *REPLIES])
+@pytest.mark.parametrize("mode", ["500", "empty", "garbage", "slow", "drip", "drip_status", "dropped", "truncated", *REPLIES])
 def test_misbehaving_server(mode, tmp_path):
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -326,7 +326,21 @@ def test_misbehaving_server(mode, tmp_path):
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if mode == "slow":
                 time.sleep(3)
-            code, body = (500, b"oops") if mode == "500" else (200, REPLIES.get(mode, b'{"choices": []}'))
+            if mode == "dropped":  # the connection closed without a word
+                self.close_connection = True
+                return
+            if mode in ("drip", "drip_status"):  # each read is quick, the whole reply is not
+                head = b"HTTP/1.0 200 OK\r\nContent-Length: 60\r\n\r\n"
+                try:
+                    for i in range(60 + len(head)):
+                        if mode == "drip_status" or i >= len(head):
+                            time.sleep(0.1)
+                        self.wfile.write((head + b" " * 60)[i:i + 1])
+                        self.wfile.flush()
+                except OSError:  # the client hung up
+                    pass
+                return
+            code, body = (500, b"oops") if mode == "500" else (200, REPLIES.get(mode, b"<html>" if mode == "garbage" else b'{"choices": []}'))
             try:
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(body) + (100 if mode == "truncated" else 0)))
@@ -338,8 +352,10 @@ def test_misbehaving_server(mode, tmp_path):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        b = OpenAIBackend("x", f"http://127.0.0.1:{srv.server_address[1]}/v1", timeout_s=1.0)
+        b = OpenAIBackend("x", f"http://127.0.0.1:{srv.server_address[1]}/v1", timeout_s=1.0, retries=0)  # retries: tested apart
+        t0 = time.perf_counter()
         c = b.complete([[{"role": "user", "content": "hi"}]])[0]
+        assert time.perf_counter() - t0 < 1.5  # no request past its timeout
         if mode in ("parts", "null_usage", "surrogate"):  # valid replies: kept, whatever their usage or text
             assert c.error is None and c.text == {"parts": "ACTION: end()", "null_usage": "ACTION: wait()",
                                                   "surrogate": "ACTION: end()\nSAY: \ud800"}[mode]
@@ -352,8 +368,9 @@ def test_misbehaving_server(mode, tmp_path):
                 write_jsonl(tmp_path / "e.jsonl", [ep])
                 assert read_jsonl(tmp_path / "e.jsonl")[0].steps[0].action.raw == "ACTION: end()\nSAY: \ud800"
         else:
-            want = {"500": "HTTP 500", "garbage": "malformed response", "slow": "cannot reach", "truncated": "broken response",
-                    "number": "content is int, not text"}[mode]
+            want = {"500": "HTTP 500", "empty": "malformed response", "garbage": "malformed response", "slow": "cannot reach",
+                    "drip": "no complete reply within 1 s", "drip_status": "no complete reply within 1 s",
+                    "dropped": "broken response", "truncated": "broken response", "number": "content is int, not text"}[mode]
             assert c.text == "" and want in c.error, c.error
     finally:
         srv.shutdown()
@@ -530,3 +547,112 @@ def test_the_client_retries_429_and_5xx_and_keeps_the_servers_message():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+# ------------------------------------------------------------------ trained policies: base + a run's adapters
+
+
+def _loop_layout(root, tiny_dir):
+    """A loop run's adapters: cycle 1 trains both tracks, cycle 2 only the action track, cycle 3 nothing."""
+    from socialworld.testing import random_adapter
+
+    for c, tracks in ((1, ("action", "dialogue")), (2, ("action",)), (3, ())):
+        (root / f"cycle-{c}" / "train").mkdir(parents=True)
+        for i, t in enumerate(tracks):
+            random_adapter(tiny_dir, root / f"cycle-{c}" / "train" / t / "adapter", seed=10 * c + i)
+    return root
+
+
+def test_find_adapters_reads_runs_cycles_and_adapter_folders(tiny_dir, tmp_path):
+    from socialworld.lm.models import find_adapters
+    from socialworld.testing import random_adapter
+
+    loop = _loop_layout(tmp_path / "bench" / "loop", tiny_dir)
+    newest = {"action": loop / "cycle-2/train/action/adapter", "dialogue": loop / "cycle-1/train/dialogue/adapter"}
+    assert find_adapters(loop) == newest  # a track with no pairs keeps its previous adapter
+    assert find_adapters(tmp_path / "bench") == newest  # a bench run: its loop
+    assert find_adapters(loop / "cycle-3") == newest
+    assert find_adapters(loop / "cycle-1") == {t: loop / f"cycle-1/train/{t}/adapter" for t in ("action", "dialogue")}
+    assert find_adapters(loop / "cycle-2/train/action/adapter") == {"action": loop / "cycle-2/train/action/adapter"}
+    merged = random_adapter(tiny_dir, tmp_path / "merged" / "adapter")
+    assert find_adapters(merged) == {"action": merged, "dialogue": merged}  # one adapter serves both tracks
+    (tmp_path / "empty").mkdir()
+    for bad in (tmp_path / "empty", tmp_path / "absent", loop / "cycle-3" / "train"):
+        with pytest.raises(ValueError, match="adapters"):
+            find_adapters(bad)
+
+
+def test_adapters_name_their_base_portably(tiny_dir, tmp_path, monkeypatch):
+    from socialworld.lm.models import adapter_base, find_adapters, portable_base
+    from socialworld.testing import random_adapter
+
+    monkeypatch.setenv("SOCIALWORLD_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "smollm2-135m-instruct").mkdir(parents=True)
+    assert portable_base(tmp_path / "cache" / "smollm2-135m-instruct") == "bundled"
+    assert portable_base(tiny_dir) == str(tiny_dir)
+    a = random_adapter(tiny_dir, tmp_path / "a", base_name="bundled")
+    assert adapter_base(find_adapters(a), a) == "bundled"
+    assert parse_model_spec(str(a)) == parse_model_spec(f"bundled+{a}")  # resolves from the adapter alone
+    gone = random_adapter(tiny_dir, tmp_path / "gone", base_name="/elsewhere/models/smollm2")
+    with pytest.raises(ValueError, match="not on this machine.*--policy bundled --adapters"):
+        parse_model_spec(str(gone))
+    assert parse_model_spec(f"bundled+{gone}").adapters == str(gone)  # a named base needs no lookup
+    for bad in (f"expert+{a}", f"bundled+{tmp_path / 'absent'}"):
+        with pytest.raises(ValueError):
+            parse_model_spec(bad)
+
+
+def test_a_trained_policy_spec_deploys_its_adapters(tiny_dir, tmp_path, specs):
+    loop = _loop_layout(tmp_path / "run", tiny_dir)
+    spec = parse_model_spec(str(loop))
+    assert (spec.kind, spec.name, spec.adapters) == ("hf", str(tiny_dir), str(loop))
+    job = [EpisodeJob(specs["team_lunch-v1"], 3)]
+    plain = run_episodes(make_policy(str(tiny_dir), max_new_tokens=8), job)[0]
+    trained = run_episodes(make_policy(str(loop), max_new_tokens=8), job)[0]
+    assert trained.steps[0].policy.adapter_hash and plain.steps[0].policy.adapter_hash is None
+    assert trained.steps[0].policy.base_model == plain.steps[0].policy.base_model == str(tiny_dir)
+    assert [s.action.raw for s in trained.steps] != [s.action.raw for s in plain.steps]
+    again = run_episodes(make_policy(f"{tiny_dir}+{loop / 'cycle-2'}", max_new_tokens=8), job)[0]
+    assert [s.action.raw for s in again.steps] == [s.action.raw for s in trained.steps]  # cycle 2 deploys the run's last adapters
+    assert again.steps[0].policy.adapter_hash == trained.steps[0].policy.adapter_hash
+    with pytest.raises(ValueError, match="names its adapters"):
+        make_policy(str(loop), adapters={"action": str(loop)})
+
+
+def test_eval_and_serve_take_a_runs_adapters(tiny_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from socialworld.cli import app
+    from socialworld.lm import make_backend
+    from socialworld.lm.server import make_server
+
+    loop = _loop_layout(tmp_path / "run", tiny_dir)
+    runner = CliRunner()
+    res = runner.invoke(app, ["eval", "--policy", str(tiny_dir), "--adapters", str(loop), "--scenario", "team_lunch-v1",
+                              "--episodes", "1", "--max-new-tokens", "8", "--out", str(tmp_path / "ev"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["policy"] == f"{tiny_dir}+{loop}"
+    ep = record_from_json(EpisodeRecord, (tmp_path / "ev" / "episodes.jsonl").read_text().splitlines()[0])
+    assert ep.steps[0].policy.adapter_hash
+    t0 = time.time()
+    for argv in (["eval", "--policy", "expert", "--adapters", str(loop)],
+                 ["eval", "--policy", str(tiny_dir), "--adapters", str(tmp_path / "absent")],
+                 ["serve", "--model", f"{tiny_dir}+{loop}", "--adapters", str(loop)]):
+        res = runner.invoke(app, argv)
+        assert res.exit_code == 2 and "error:" in res.output, argv
+    assert time.time() - t0 < 10  # before any model is loaded
+
+    spec = f"{tiny_dir}+{loop}"
+    backend = make_backend(spec, max_new_tokens=8, batch_size=1, dtype="float32")
+    server = make_server(backend, port=0, model_id=spec)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        conv = [{"role": "user", "content": "Turn 1/7."}]
+        served = OpenAIBackend(spec, url, max_new_tokens=8).complete([conv])[0]
+        assert served.error is None
+        base = make_backend(str(tiny_dir), max_new_tokens=8, batch_size=1, dtype="float32").complete([conv])[0]
+        assert served.text == backend.complete([conv])[0].text != base.text  # the action adapter answers
+    finally:
+        server.shutdown()
+        server.server_close()

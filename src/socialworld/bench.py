@@ -4,7 +4,8 @@
   seeds, so one evaluation serves every cycle);
 * **B** — the same model through the closed loop (:func:`socialworld.loop.run_loop` with
   progressive unlocking: L0; L0+L1; all), trained before each cycle's evaluation;
-* **C** — a strong proxy: ``--proxy openai:<model>@<url>`` when given, else the ``expert`` policy;
+* **C** — a strong proxy: ``--proxy <policy spec>`` when given (an ``openai:<model>@<url>`` endpoint, or
+  a trained policy ``<model>+<run folder>``), else the ``expert`` policy;
 * ``oracle`` and ``random`` — reference rows.
 
 Every arm is evaluated on the same evaluation seeds (``eval_episodes`` per unlocked scenario);
@@ -97,7 +98,9 @@ class BenchConfig:
     out: str = field(default="runs/bench", metadata={"help": "run folder (resumed if it exists with the same config)"})
     model: str = field(default="bundled", metadata={"help": "base model of arms A and B: bundled or a local folder"})
     preset: Literal["smoke", "default", "paper"] = field(default="default", metadata={"help": "budget: smoke, default or paper"})
-    proxy: str = field(default="", metadata={"help": "arm C: an openai:<model>@<url> spec (default: the expert policy)"})
+    proxy: str = field(default="", metadata={"help": (
+        "arm C: a policy spec, e.g. openai:<model>@<url>, or a trained policy as <model>+<run folder> "
+        "(default: the expert policy)")})
     cycles: int = field(default=3, metadata={"help": "protocol cycles (cycle c unlocks the first c tiers)"})
     unlock: Literal["progressive", "adaptive", "fixed"] = field(default="progressive", metadata={
         "help": "progressive (the protocol), adaptive (unlock once the newest tier's pass rate reaches adaptive_threshold), "
@@ -119,7 +122,7 @@ class BenchConfig:
         at_least(self, 1, "cycles", "lm_batch_size", "resamples")
         if parse_model_spec(self.model).kind not in ("bundled", "hf"):  # before the run folder holds a typo
             raise ValueError(f"arms A and B train a local model: model must be bundled or a model folder, got {self.model!r}")
-        if self.proxy and parse_model_spec(self.proxy).kind not in ("scripted", "openai") and self.ray:
+        if self.proxy and parse_model_spec(self.proxy).kind not in ("scripted", "openai") and self.ray:  # parsed: a typo fails now
             raise ValueError(f"--ray spreads scripted and openai: policies; the proxy {self.proxy!r} is a local model")
 
     def scenario_names(self) -> tuple[str, ...]:

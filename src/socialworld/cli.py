@@ -127,6 +127,19 @@ def _run_log(out: str | Path) -> None:
             own.propagate = False
 
 
+ADAPTERS_HELP = ("a trained policy's LoRA adapters deployed on --policy (a local model): a loop or bench run folder "
+                 "(its last cycle), a cycle folder (cycle-<c>) or one adapter folder; the same as --policy <model>+<folder>")
+
+
+def _policy_spec(policy: str, adapters: str) -> str:
+    """``--policy`` with ``--adapters`` joined into one spec, checked before any work starts."""
+    from .lm.models import parse_model_spec, with_adapters
+
+    spec = with_adapters(policy, adapters)
+    parse_model_spec(spec)
+    return spec
+
+
 def _fail(msg: str) -> None:
     """The error, literally, on stderr without wrapping (a one-line message stays one line); exit 2."""
     Console(stderr=True).print(Text.assemble(("error:", "red"), " ", msg), soft_wrap=True)
@@ -150,10 +163,12 @@ def scenarios(as_json: bool = typer.Option(False, "--json", help="print one JSON
 def play(
     scenario: str = typer.Argument(..., help="scenario id (with or without -vN) or a YAML path"),
     policy: str = typer.Option("expert", help=H("policy")),
+    adapters: str = typer.Option("", help=ADAPTERS_HELP),
     seed: int = typer.Option(0, help="episode seed"),
 ) -> None:
     """Play one episode and print it readably: the five dimensions per step, replies, signals."""
     try:
+        policy = _policy_spec(policy, adapters)
         spec = resolve_scenarios([scenario])[0]
         play_episode(spec, policy, seed, console)
     except (ScenarioError, ValueError, OSError) as err:
@@ -163,6 +178,7 @@ def play(
 @app.command("eval")
 def eval_cmd(
     policy: str = typer.Option("expert", help=H("policy")),
+    adapters: str = typer.Option("", help=ADAPTERS_HELP),
     tiers: Optional[list[str]] = typer.Option(None, "--tiers", help=H("tiers")),
     scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=H("scenarios")),
     episodes: int = typer.Option(3, help=H("episodes")),
@@ -171,6 +187,7 @@ def eval_cmd(
     lm_batch_size: int = typer.Option(12, help=H("lm_batch_size")),
     decoding: str = typer.Option("auto", help=H("decoding")),
     max_new_tokens: int = typer.Option(64, help=H("max_new_tokens")),
+    request_timeout: float = typer.Option(60.0, help=H("request_timeout")),
     out: Optional[Path] = typer.Option(None, help=H("out")),
     overwrite: bool = typer.Option(False, "--overwrite", help=H("overwrite")),
     ray: str = typer.Option("", help=H("ray")),
@@ -180,9 +197,10 @@ def eval_cmd(
     """Evaluate a policy: metric table per tier and per scenario; records written to --out."""
     tiers = [t for x in (tiers or []) for t in x.split(",") if t] or None
     try:
+        policy = _policy_spec(policy, adapters)
         cfg = EvalConfig(policy=policy, tiers=tiers, scenarios=scenario, episodes=episodes, seed=seed,
                          batch_size=batch_size, lm_batch_size=lm_batch_size, decoding=decoding,
-                         max_new_tokens=max_new_tokens, out=out, overwrite=overwrite, ray=ray,
+                         max_new_tokens=max_new_tokens, request_timeout=request_timeout, out=out, overwrite=overwrite, ray=ray,
                          max_endpoint_failures=max_endpoint_failures)
         specs = resolve_scenarios(cfg.scenarios, cfg.tiers)
         _run_log(cfg.out_dir())
@@ -561,6 +579,7 @@ def _tom_tables(what: str, doc: dict) -> None:
 @app.command("foresee")
 def foresee_cmd(
     policy: str = typer.Option("expert", help=help_for(ForeseeConfig, "policy")),
+    adapters: str = typer.Option("", help=ADAPTERS_HELP),
     world_model: str = typer.Option("simulator", help=help_for(ForeseeConfig, "world_model")),
     tier: Optional[list[str]] = typer.Option(None, "--tier", help=help_for(ForeseeConfig, "tiers")),
     scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=help_for(ForeseeConfig, "scenarios")),
@@ -578,7 +597,7 @@ def foresee_cmd(
     from .foresee import evaluate_foresee
 
     def run(progress):
-        cfg = ForeseeConfig(policy=policy, world_model=world_model, tiers=tier or None, scenarios=scenario or None, episodes=episodes,
+        cfg = ForeseeConfig(policy=_policy_spec(policy, adapters), world_model=world_model, tiers=tier or None, scenarios=scenario or None, episodes=episodes,
                             seed=seed, alternatives=alternatives, margin=margin, refine=refine, lm_batch_size=lm_batch_size, out=out)
         _run_log(cfg.out)
         return evaluate_foresee(cfg, progress=progress)
@@ -600,6 +619,7 @@ def foresee_cmd(
 @app.command("chain")
 def chain_cmd(
     policy: str = typer.Option("expert", help=help_for(ChainConfig, "policy")),
+    adapters: str = typer.Option("", help=ADAPTERS_HELP),
     tier: Optional[list[str]] = typer.Option(None, "--tier", help=help_for(ChainConfig, "tiers")),
     scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=help_for(ChainConfig, "scenarios")),
     chains: int = typer.Option(3, help=help_for(ChainConfig, "chains")),
@@ -616,7 +636,7 @@ def chain_cmd(
     from .chain import MODES, run_chains
 
     def run(progress):
-        cfg = ChainConfig(policy=policy, tiers=tier or None, scenarios=scenario or None, chains=chains, length=length,
+        cfg = ChainConfig(policy=_policy_spec(policy, adapters), tiers=tier or None, scenarios=scenario or None, chains=chains, length=length,
                           modes=list(mode or MODES), seed=seed, lm_batch_size=lm_batch_size, out=out)
         _run_log(cfg.out)
         return run_chains(cfg, progress=progress)
@@ -637,7 +657,8 @@ def chain_cmd(
 
 @app.command("serve")
 def serve_cmd(
-    model: str = typer.Option("bundled", help="model spec to serve: bundled, a local path or hub id"),
+    model: str = typer.Option("bundled", help="model spec to serve: bundled, a local path or hub id (also its model id)"),
+    adapters: str = typer.Option("", help=ADAPTERS_HELP + "; the action adapter writes the replies"),
     host: str = typer.Option("127.0.0.1", help="address to bind"),
     port: int = typer.Option(8000, help="port"),
     max_new_tokens: int = typer.Option(64, help="default max_tokens of a request"),
@@ -647,7 +668,7 @@ def serve_cmd(
     from .lm.server import serve
 
     try:
-        serve(model, host, port, max_new_tokens, dtype)
+        serve(_policy_spec(model, adapters), host, port, max_new_tokens, dtype)
     except ValueError as err:
         _fail(str(err))
     except OSError as err:

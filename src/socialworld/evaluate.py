@@ -26,7 +26,8 @@ class EvalConfig:
 
     policy: str = field(
         default="expert",
-        metadata={"help": "policy: random, expert, oracle, bundled, a model path or hub id, or openai:<model>@<base_url>"},
+        metadata={"help": ("policy: random, expert, oracle, bundled, a model path or hub id, or openai:<model>@<base_url>; "
+                           "a local model with a trained run's adapters as <model>+<run folder>")},
     )
     tiers: list[str] | None = field(default=None, metadata={"help": "tiers to evaluate (L0, L1, L2); default all"})
     scenarios: list[str] | None = field(
@@ -41,6 +42,8 @@ class EvalConfig:
         metadata={"help": "language models: free (parse BELIEF/ACTION/SAY), constrained (greedy under the reply grammar: parseable by construction), auto (constrained for local models)"},
     )
     max_new_tokens: int = field(default=64, metadata={"help": "language models: tokens generated per free-form reply"})
+    request_timeout: float = field(default=60.0, metadata={"help": (
+        "openai: endpoints: the most seconds one request may take, from connecting to the reply's last byte")})
     out: Path | None = field(
         default=None,
         metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json [default: runs/eval-<policy>-s<seed>]"},
@@ -53,11 +56,14 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         check_ray(self.ray)
-        if self.ray and parse_model_spec(self.policy).kind not in ("scripted", "openai"):
+        kind = parse_model_spec(self.policy).kind  # a typo (or adapters that are not there) fails now
+        if self.ray and kind not in ("scripted", "openai"):
             raise ValueError(f"--ray spreads scripted and openai: policies; {self.policy!r} is a local model (run it without --ray)")
         if self.decoding not in ("auto", "free", "constrained"):
             raise ValueError(f"decoding must be auto, free or constrained, got {self.decoding!r}")
         at_least(self, 1, "episodes", "batch_size", "lm_batch_size", "max_new_tokens")
+        if not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout!r}")
         if not 0 <= self.max_endpoint_failures <= 1:
             raise ValueError(f"max_endpoint_failures must be a share in [0, 1], got {self.max_endpoint_failures}")
 
@@ -117,7 +123,7 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
         raise ValueError("no scenario matches the chosen scenarios and tiers")
     jobs = [EpisodeJob(s, seed) for s in specs for seed in episode_seeds(cfg.seed, s.id, cfg.episodes)]
     lm = {} if cfg.policy in SCRIPTED else {"batch_size": cfg.lm_batch_size, "decoding": cfg.decoding,
-                                            "max_new_tokens": cfg.max_new_tokens}
+                                            "max_new_tokens": cfg.max_new_tokens, "timeout_s": cfg.request_timeout}
     policy = make_policy(cfg.policy, seed=cfg.seed, **lm)
     out = cfg.check_out()  # before any episode: nothing run is lost to an unwritable or occupied folder
     if cfg.ray:

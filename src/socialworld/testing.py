@@ -148,3 +148,26 @@ def tiny_lm(folder, seed: int = 0, vocab_size: int = 600):
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def random_adapter(base, folder, seed: int = 1, base_name: str | None = None):
+    """Save a LoRA adapter with random (not zero) weights for the model in ``base`` into
+    ``folder``, as a trained one would be saved (its config naming ``base_name``, default the
+    folder ``base``); a stand-in for a trained policy that changes what the model says. Returns
+    ``folder``."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from .lm.models import load_hf
+
+    torch.manual_seed(seed)
+    cfg = LoraConfig(r=4, lora_alpha=512, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
+    get_peft_model(load_hf(base, dtype="float32")[0], cfg).save_pretrained(folder)
+    path = Path(folder) / "adapter_config.json"
+    doc = json.loads(path.read_text())
+    doc["base_model_name_or_path"] = str(base) if base_name is None else base_name
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return Path(folder)

@@ -274,19 +274,25 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
     losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
     # the adapter alone (config + weights): no training_args.bin, whose pickled paths differ per run
     trainer.model.save_pretrained(str(out))
-    canonical_adapter_config(out)
+    canonical_adapter_config(out, base_path)
     t2 = time.perf_counter()
     (out / "socialworld-train.json").write_text(json.dumps({"config": asdict(cfg), "dtype": compute_dtype(cfg), "steps": trainer.state.global_step,
                                                             "losses": losses, "rows": rows}, indent=1, sort_keys=True))
     return TrainResult(cfg.method, trainer.state.global_step, losses, t2 - t0, str(out), train_seconds=train_seconds)
 
 
-def canonical_adapter_config(folder: str | Path) -> None:
-    """Rewrite a saved PEFT ``adapter_config.json`` in a canonical form: keys sorted, and
+def canonical_adapter_config(folder: str | Path, base_path: str | Path | None = None) -> None:
+    """Rewrite a saved PEFT ``adapter_config.json`` in a canonical form: keys sorted,
     ``target_modules`` (a set inside PEFT, saved in an order that follows Python's hash seed)
-    sorted, so the same training gives the same adapter bytes and hash in every process."""
+    sorted, so the same training gives the same adapter bytes and hash in every process; and the
+    base named portably (``bundled``, not this machine's cache path: see
+    :func:`socialworld.lm.models.portable_base`)."""
+    from .lm.models import portable_base
+
     path = Path(folder) / "adapter_config.json"
     doc = json.loads(path.read_text())
+    if base_path is not None:
+        doc["base_model_name_or_path"] = portable_base(base_path)
     if isinstance(doc.get("target_modules"), list):
         doc["target_modules"] = sorted(doc["target_modules"])
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -2,37 +2,48 @@
 
 from __future__ import annotations
 
-from .models import ModelSpec, parse_model_spec
+from .models import ModelSpec, find_adapters, parse_model_spec, with_adapters
 
 
 def make_backend(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16, dtype: str = "auto"):
-    """A text backend for a model spec string (no adapters): :class:`~socialworld.lm.backends.HFBackend`
-    for local models, :class:`~socialworld.lm.backends.OpenAIBackend` for ``openai:`` specs."""
+    """A text backend for a model spec string: :class:`~socialworld.lm.backends.HFBackend` for
+    local models, :class:`~socialworld.lm.backends.OpenAIBackend` for ``openai:`` specs. A local
+    model with adapters generates under its ``action`` adapter (the one that writes the BELIEF and
+    ACTION lines; the ``dialogue`` one where it has no other)."""
     from .backends import HFBackend, OpenAIBackend
-    from .models import bundled_path, load_hf
+    from .models import bundled_path, find_adapters, load_with_adapters
 
     ms = parse_model_spec(spec)
     if ms.kind == "openai":
         return OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size)
     if ms.kind in ("bundled", "hf"):
-        model, tok = load_hf(bundled_path() if ms.kind == "bundled" else ms.name, dtype=dtype)
+        found = {k: str(v) for k, v in find_adapters(ms.adapters).items()} if ms.adapters else {}
+        model, tok, _ = load_with_adapters(bundled_path() if ms.kind == "bundled" else ms.name, found, dtype=dtype)
+        if found:
+            model.set_adapter("action" if "action" in found else "dialogue")
         return HFBackend(model, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=batch_size)
     raise ValueError(f"{spec!r} is a scripted policy, not a language model")
 
 
 def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16, dtype: str = "auto",
-                   decoding: str = "auto", adapters: dict[str, str] | None = None):
+                   decoding: str = "auto", adapters: dict[str, str] | None = None, timeout_s: float = 60.0):
     """Build an :class:`~socialworld.lm.policy.LMPolicy` from a model spec string; ``adapters``
-    ``{"action": path, "dialogue": path}`` deploys trained LoRA adapters on a local model."""
+    ``{"action": path, "dialogue": path}`` deploys trained LoRA adapters on a local model (as
+    does a spec's ``+<adapters folder>``); ``timeout_s`` bounds each request to an ``openai:`` endpoint."""
     from .backends import HFBackend, OpenAIBackend
-    from .models import bundled_path, load_with_adapters
+    from .models import bundled_path, find_adapters, load_with_adapters
     from .policy import LMPolicy
 
     ms = parse_model_spec(spec)
+    if ms.adapters:
+        if adapters:
+            raise ValueError(f"{spec!r} names its adapters; do not pass adapters as well")
+        adapters = {k: str(v) for k, v in find_adapters(ms.adapters).items()}
     if ms.kind == "openai":
         if decoding == "constrained":
             raise ValueError("constrained decoding needs the logits of a local model; use decoding='free' for a server")
-        return LMPolicy(OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size),  # type: ignore[arg-type]
+        return LMPolicy(OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size,  # type: ignore[arg-type]
+                                      timeout_s=timeout_s),
                         decoding="free")
     if ms.kind in ("bundled", "hf"):
         path = bundled_path() if ms.kind == "bundled" else ms.name
@@ -47,4 +58,4 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
     raise ValueError(f"{spec!r} is a scripted policy, not a language model")
 
 
-__all__ = ["ModelSpec", "make_backend", "make_lm_policy", "parse_model_spec"]
+__all__ = ["ModelSpec", "find_adapters", "make_backend", "make_lm_policy", "parse_model_spec", "with_adapters"]

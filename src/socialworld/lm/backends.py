@@ -5,9 +5,12 @@ conversations into :class:`Completion` records; a failed request is a completion
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import os
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -127,7 +130,7 @@ def _retry_after(header: str | None) -> float:
 def _error_text(err: urllib.error.HTTPError) -> str:
     """What the server said with its error: the OpenAI error body's message, else the body's start."""
     try:
-        raw = err.read()[:2000].decode("utf-8", "replace")
+        raw = err.read(2000).decode("utf-8", "replace")
     except (OSError, http.client.HTTPException):
         return ""
     try:
@@ -146,6 +149,79 @@ def _count(n: Any) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) else 0
 
 
+class _Deadline:
+    """A whole request's time limit. A socket timeout bounds each read, so a server that drips its
+    reply a byte at a time never trips it; this watchdog shuts the request's socket down when
+    ``seconds`` have passed, whatever the request is doing then (connecting, sending, waiting for
+    the status line, reading the body)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.expired = False
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> "_Deadline":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._timer.cancel()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.expired:
+                self._shut()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            self._shut()
+
+    def _shut(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass
+
+
+class _HTTP(http.client.HTTPConnection):
+    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self._deadline.watch(self.sock)
+
+
+class _HTTPS(http.client.HTTPSConnection):
+    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self._deadline.watch(self.sock)
+
+
+def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
+    """urllib (proxies and redirects as usual) over connections that hand their socket to ``deadline``."""
+
+    class Plain(urllib.request.HTTPHandler):
+        def http_open(self, req):  # type: ignore[no-untyped-def]
+            return self.do_open(functools.partial(_HTTP, deadline=deadline), req)
+
+    class Secure(urllib.request.HTTPSHandler):
+        def https_open(self, req):  # type: ignore[no-untyped-def]
+            return self.do_open(functools.partial(_HTTPS, deadline=deadline), req, context=self._context)
+
+    return urllib.request.build_opener(Plain, Secure)
+
+
 @dataclass
 class OpenAIBackend:
     """An OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, llama.cpp, Ollama, hosted)."""
@@ -155,6 +231,8 @@ class OpenAIBackend:
     max_new_tokens: int = 64
     concurrency: int = 8
     timeout_s: float = 60.0
+    """the most seconds one request may take, from connecting to the reply's last byte (each retry
+    has its own)"""
     api_key: str | None = None
     decoding: dict[str, Any] = field(default_factory=dict)
     retries: int = 2
@@ -191,25 +269,33 @@ class OpenAIBackend:
                                      headers={"Content-Type": "application/json",
                                               **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
         fail = lambda msg: Completion("", latency_s=time.perf_counter() - t0, error=msg)  # noqa: E731
+        deadline = _Deadline(self.timeout_s)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with deadline, _opener(deadline).open(req, timeout=self.timeout_s) as resp:
                 data = json.loads(resp.read())
             text = _content(data["choices"][0]["message"]["content"])
             usage = data.get("usage") or {}
             return Completion(text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
                               time.perf_counter() - t0), None
-        except urllib.error.HTTPError as err:
+        except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+            if deadline.expired:  # whatever broke, it broke because the watchdog cut the request short
+                return fail(f"cannot reach {self.base_url}: no complete reply within {self.timeout_s:g} s ({err!r})"), None
+            msg, wait = self._classify(err)
+            return fail(msg), wait
+
+    def _classify(self, err: Exception) -> tuple[str, float | None]:
+        """A failed request's message and, when worth a retry, the seconds to wait (see :meth:`_attempt`)."""
+        if isinstance(err, urllib.error.HTTPError):
             said = _error_text(err)
             retry = err.code == 429 or err.code >= 500
             wait = _retry_after(err.headers.get("Retry-After")) if retry else None
-            return fail(f"HTTP {err.code} from {self.base_url}" + (f": {said}" if said else "")), wait
-        except http.client.HTTPException as err:  # a truncated body (IncompleteRead), a broken status line
-            return fail(f"broken response from {self.base_url}: {err!r}"), None
-        except (urllib.error.URLError, TimeoutError, OSError) as err:
+            return f"HTTP {err.code} from {self.base_url}" + (f": {said}" if said else ""), wait
+        if isinstance(err, http.client.HTTPException):  # a truncated body (IncompleteRead), a broken status line
+            return f"broken response from {self.base_url}: {err!r}", None
+        if isinstance(err, OSError):  # URLError, a socket timeout, a reset connection
             refused = isinstance(getattr(err, "reason", err), ConnectionRefusedError)
-            return fail(f"cannot reach {self.base_url}: {err}"), (-1.0 if refused else None)
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
-            return fail(f"malformed response from {self.base_url}: {err!r}"), None
+            return f"cannot reach {self.base_url}: {err}", (-1.0 if refused else None)
+        return f"malformed response from {self.base_url}: {err!r}", None
 
     def complete(self, conversations: Sequence[Messages]) -> list[Completion]:
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:

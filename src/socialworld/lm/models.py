@@ -8,12 +8,18 @@
 * ``openai:<model>@<base_url>`` — any OpenAI-compatible server; the key is read from the
   environment variable ``SOCIALWORLD_API_KEY`` (else ``OPENAI_API_KEY``; none is fine for local servers).
 * ``random`` / ``expert`` / ``oracle`` — the scripted policies.
+* ``<local model>+<adapters>`` — a local model (``bundled``, a folder or hub id) with a trained
+  run's LoRA adapters deployed on it (see :func:`find_adapters`), e.g.
+  ``bundled+runs/bench/loop/cycle-3``; the adapters' folder alone (``runs/bench``) names its base
+  from the adapters' own config (``bundled`` on any machine that has the package).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -32,14 +38,19 @@ class ModelSpec:
     kind: Literal["scripted", "bundled", "hf", "openai"]
     name: str
     base_url: str | None = None
+    adapters: str | None = None
+    """a folder of trained LoRA adapters deployed on this local model (see :func:`find_adapters`)"""
 
     @property
     def display(self) -> str:
+        """The base model's name (records keep the adapters apart, as their hash)."""
         return f"openai:{self.name}@{self.base_url}" if self.kind == "openai" else self.name
 
 
 def parse_model_spec(spec: str) -> ModelSpec:
-    """``bundled`` | ``random``/``expert``/``oracle`` | ``openai:<model>@<base_url>`` | path or hub id."""
+    """``bundled`` | ``random``/``expert``/``oracle`` | ``openai:<model>@<base_url>`` | path or hub id,
+    each local model optionally ``+<adapters folder>``; or an adapters folder alone (its base from
+    the adapters' config). Adapters are looked up now, so a wrong folder fails before any work."""
     if spec in SCRIPTED:
         return ModelSpec("scripted", spec)
     if spec == "bundled":
@@ -50,12 +61,103 @@ def parse_model_spec(spec: str) -> ModelSpec:
         if not sep or not model or not url.startswith(("http://", "https://")):
             raise ValueError(f"openai model spec must be openai:<model>@<http(s)://base_url>, got {spec!r}")
         return ModelSpec("openai", model, url.rstrip("/"))
+    base, plus, adapters = spec.partition("+")
+    if plus or (Path(spec).is_dir() and _holds_adapters(Path(spec))):
+        if not plus:
+            base, adapters = adapter_base(find_adapters(spec), spec), spec
+        ms = parse_model_spec(base)
+        if ms.kind not in ("bundled", "hf") or ms.adapters:
+            raise ValueError(f"adapters deploy on a local model (bundled, a folder or hub id), not {base!r}, in {spec!r}")
+        find_adapters(adapters)
+        return ModelSpec(ms.kind, ms.name, adapters=adapters)
     if Path(spec).is_dir() or (spec.count("/") == 1 and not spec.startswith(("/", ".")) and " " not in spec):
         return ModelSpec("hf", spec)
     raise ValueError(
         f"unknown policy {spec!r}: use {', '.join(SCRIPTED)}, bundled, a local model folder, "
         "an org/name hub id, or openai:<model>@<base_url>"
     )
+
+
+TRACKS = ("action", "dialogue")
+_CYCLE = re.compile(r"cycle-(\d+)")
+
+
+def _is_adapter(folder: Path) -> bool:
+    return (folder / "adapter_config.json").is_file()
+
+
+def _holds_adapters(folder: Path) -> bool:
+    return _is_adapter(folder) or any(folder.glob("train/*/adapter")) or any(folder.glob("cycle-*/train")) \
+        or any(folder.glob("loop/cycle-*/train"))
+
+
+def find_adapters(folder: str | Path) -> dict[str, Path]:
+    """The LoRA adapter of each track (``action``, ``dialogue``) that a trained run deploys.
+
+    ``folder`` is one adapter (``adapter_config.json``: a ``train/<track>/adapter`` folder serves
+    its track; any other, a merged one included, serves both), a loop cycle folder
+    (``cycle-<c>``: the adapters deployed after cycle ``c``, which are the newest of cycles 1..c,
+    since a track that had no pairs keeps its previous adapter), a loop run (its last cycle) or a
+    bench run (its ``loop``)."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise ValueError(f"no adapters at {path}: not a folder")
+    if _is_adapter(path):
+        track = path.parent.name if path.name == "adapter" and path.parent.name in TRACKS else None
+        return {track: path} if track else {t: path for t in TRACKS}
+    root, last = path, None
+    if (path / "loop").is_dir() and not any(path.glob("cycle-*")):
+        root = path / "loop"
+    elif m := _CYCLE.fullmatch(path.name):
+        root, last = path.parent, int(m.group(1))
+    cycles = sorted((int(m.group(1)), d) for d in root.glob("cycle-*") if (m := _CYCLE.fullmatch(d.name)) and d.is_dir())
+    found: dict[str, Path] = {}
+    for c, d in cycles:
+        if last is not None and c > last:
+            continue
+        if _is_adapter(d / "train" / "merged" / "adapter"):
+            found = {t: d / "train" / "merged" / "adapter" for t in TRACKS}
+        found.update({t: d / "train" / t / "adapter" for t in TRACKS if _is_adapter(d / "train" / t / "adapter")})
+    if not found:
+        raise ValueError(f"no trained adapters in {path}: give an adapter folder (with adapter_config.json), "
+                         "a loop cycle folder (cycle-<c>), a loop run or a bench run")
+    return found
+
+
+def portable_base(base_path: str | Path) -> str:
+    """How an adapter names its base: ``bundled`` for the bundled model's converted copy (it
+    resolves on any machine with the package), else the path or hub id as given."""
+    try:
+        if Path(base_path).resolve() == (cache_dir() / "smollm2-135m-instruct").resolve():
+            return "bundled"
+    except OSError:
+        pass
+    return str(base_path)
+
+
+def adapter_base(adapters: dict[str, Path], where: str | Path) -> str:
+    """The base model spec the ``adapters`` were trained on (from their ``adapter_config.json``)."""
+    bases = set()
+    for path in adapters.values():
+        try:
+            bases.add(json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path") or "")
+        except (OSError, ValueError) as err:
+            raise ValueError(f"cannot read {path / 'adapter_config.json'}: {err}") from None
+    if len(bases) != 1 or not (base := bases.pop()):
+        raise ValueError(f"the adapters in {where} do not name one base model: give it, e.g. --policy bundled --adapters {where}")
+    if base != "bundled" and base.startswith(("/", ".")) and not Path(base).is_dir():
+        raise ValueError(f"the adapters in {where} were trained on {base}, which is not on this machine: "
+                         f"give the base, e.g. --policy bundled --adapters {where}")
+    return base
+
+
+def with_adapters(spec: str, adapters: str) -> str:
+    """``spec`` with ``adapters`` deployed on it (the ``--adapters`` option of the commands)."""
+    if not adapters:
+        return spec
+    if "+" in spec:
+        raise ValueError(f"{spec!r} already names adapters; drop --adapters or the +<folder> part")
+    return f"{spec}+{adapters}"
 
 
 def cache_dir() -> Path:

@@ -71,15 +71,17 @@ def make_server(backend: HFBackend, host: str = "127.0.0.1", port: int = 8000, m
 
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_new_tokens: int = 64, dtype: str = "auto") -> None:
-    """Load ``model`` (a model spec: ``bundled``, a path or hub id) and serve it until interrupted."""
-    from .models import bundled_path, load_hf, parse_model_spec
+    """Load ``model`` (a model spec: ``bundled``, a path or hub id, with ``+<adapters>`` for a trained
+    policy, whose action adapter answers) and serve it until interrupted, as model id ``model``."""
+    from . import make_backend
+    from .models import parse_model_spec
 
     ms = parse_model_spec(model)
     if ms.kind not in ("bundled", "hf"):
         raise ValueError(f"can only serve a local model, not {model!r}")
-    m, tok = load_hf(bundled_path() if ms.kind == "bundled" else ms.name, dtype=dtype)
-    server = make_server(HFBackend(m, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=1), host, port)
-    print(f"serving {ms.display} on http://{host}:{port}/v1", flush=True)
+    backend = make_backend(model, max_new_tokens=max_new_tokens, batch_size=1, dtype=dtype)
+    server = make_server(backend, host, port, model_id=model)
+    print(f"serving {model} on http://{host}:{port}/v1", flush=True)
     try:
         server.serve_forever()
     finally:
