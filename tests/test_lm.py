@@ -258,19 +258,19 @@ def server(tiny_dir):
     proc.wait(timeout=10)
 
 
-def test_openai_backend_against_real_server(specs, server, tiny):
+def test_openai_backend_against_real_server(specs, server, tiny, tiny_dir):
     model, tok = tiny
     convs = [build_messages(_obs(specs))]
-    remote = OpenAIBackend("tiny", server, max_new_tokens=12).complete(convs)[0]
+    remote = OpenAIBackend(str(tiny_dir), server, max_new_tokens=12).complete(convs)[0]
     local = HFBackend(model, tok, name="tiny", max_new_tokens=12).complete(convs)[0]
     assert remote.error is None and remote.text == local.text
     assert remote.tokens_in == local.tokens_in and remote.tokens_out == local.tokens_out
 
 
-def test_eval_through_server(server):
-    pol = make_policy(f"openai:tiny@{server}", max_new_tokens=12, batch_size=4)
+def test_eval_through_server(server, tiny_dir):
+    pol = make_policy(f"openai:{tiny_dir}@{server}", max_new_tokens=12, batch_size=4)
     ep = run_episodes(pol, [EpisodeJob(tiny_spec(), 0)])[0]
-    assert ep.policy_id.startswith("openai:tiny@") and ep.steps
+    assert ep.policy_id.startswith(f"openai:{tiny_dir}@") and ep.steps
     assert all(s.policy.tokens_in > 0 for s in ep.steps)
 
 
@@ -624,7 +624,8 @@ def test_eval_and_serve_take_a_runs_adapters(tiny_dir, tmp_path):
 
     from socialworld.cli import app
     from socialworld.lm import make_backend
-    from socialworld.lm.server import make_server
+    from socialworld.lm.server import HFGenerate, make_app
+    from socialworld.testing import serving
 
     loop = _loop_layout(tmp_path / "run", tiny_dir)
     runner = CliRunner()
@@ -644,15 +645,9 @@ def test_eval_and_serve_take_a_runs_adapters(tiny_dir, tmp_path):
 
     spec = f"{tiny_dir}+{loop}"
     backend = make_backend(spec, max_new_tokens=8, batch_size=1, dtype="float32")
-    server = make_server(backend, port=0, model_id=spec)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    with serving(make_app(HFGenerate(backend.model, backend.tokenizer), spec)) as url:
         conv = [{"role": "user", "content": "Turn 1/7."}]
         served = OpenAIBackend(spec, url, max_new_tokens=8).complete([conv])[0]
         assert served.error is None
         base = make_backend(str(tiny_dir), max_new_tokens=8, batch_size=1, dtype="float32").complete([conv])[0]
         assert served.text == backend.complete([conv])[0].text != base.text  # the action adapter answers
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -663,12 +663,17 @@ def serve_cmd(
     port: int = typer.Option(8000, help="port"),
     max_new_tokens: int = typer.Option(64, help="default max_tokens of a request"),
     dtype: str = typer.Option("auto", help="auto (bfloat16 where the hardware has it natively, else float32), float32 or bfloat16"),
+    max_batch: int = typer.Option(16, help="most requests decoded together (those that arrive together, with the same sampling)"),
 ) -> None:
-    """Serve a policy model over an OpenAI-compatible API (/v1/models, /v1/chat/completions)."""
+    """Serve a policy model over an OpenAI-compatible API (/v1/models, /v1/chat/completions): requests
+    that arrive together are batched. One process, one model: for throughput at scale serve the
+    model with vLLM and evaluate it as --policy openai:<model>@<url> (docs/serving.md)."""
     from .lm.server import serve
 
     try:
-        serve(_policy_spec(model, adapters), host, port, max_new_tokens, dtype)
+        if max_batch < 1:
+            raise ValueError(f"--max-batch must be >= 1, got {max_batch}")
+        serve(_policy_spec(model, adapters), host, port, max_new_tokens, dtype, max_batch)
     except ValueError as err:
         _fail(str(err))
     except OSError as err:
