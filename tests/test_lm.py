@@ -651,3 +651,111 @@ def test_eval_and_serve_take_a_runs_adapters(tiny_dir, tmp_path):
         assert served.error is None
         base = make_backend(str(tiny_dir), max_new_tokens=8, batch_size=1, dtype="float32").complete([conv])[0]
         assert served.text == backend.complete([conv])[0].text != base.text  # the action adapter answers
+
+
+# ------------------------------------------------------------------ vLLM: the reply grammar as a regular expression
+
+
+def test_the_reply_grammar_as_a_regex_matches_exactly_the_grammar(specs):
+    import random
+    import re
+
+    from socialworld.lm.constrained import program_regex
+
+    rng = random.Random(0)
+    for sid in specs:
+        obs = _obs(specs, sid, steps=2)
+        prog = program(obs, 8)
+        pattern = re.compile(program_regex(prog))
+        for _ in range(5):
+            text = _grammar_text(obs, lambda seg: rng.choice(seg.options)) + "\nSAY: Hello there, all."
+            assert pattern.fullmatch(text), (sid, text)
+            action, belief, error = parse_output(text, obs)
+            assert error is None and belief is not None
+        legal = {a.key for a in legal_actions(obs)}
+        good = _grammar_text(obs, lambda seg: seg.options[0])
+        assert not pattern.fullmatch(good.replace("\nACTION:", "\nACTION: shout()|") + "\nSAY: x")
+        assert not pattern.fullmatch(good + "\nSAY: one\ntwo")  # the SAY line is one line
+        assert "shout()" not in legal
+
+
+def _first_match(pattern: str) -> str:
+    """The text :func:`program_regex`'s ``pattern`` matches with the first option of every choice and "Hi" as free text."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("(?:", i):  # a choice: its first option, up to an unescaped | or )
+            i += 3
+            options = [[]]
+            while pattern[i] != ")":
+                if pattern[i] == "|":
+                    options.append([])
+                    i += 1
+                    continue
+                step = 2 if pattern[i] == "\\" else 1
+                options[-1].append(pattern[i + step - 1])
+                i += step
+            out += options[0]
+            i += 1
+        elif pattern.startswith("[^", i):  # free text
+            i = pattern.index("]*", i) + 2
+            out.append("Hi")
+        elif pattern[i] == "\\":
+            out.append(pattern[i + 1])
+            i += 2
+        else:
+            out.append(pattern[i])
+            i += 1
+    return "".join(out)
+
+
+def test_constrained_decoding_on_an_endpoint_sends_the_grammar_to_the_server(specs):
+    """``--decoding constrained`` with an ``openai:`` endpoint: each request carries its step's grammar
+    in vLLM's ``structured_outputs`` field; a fake server answers with a reply the pattern allows."""
+    import re
+
+    seen: list[dict] = []
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):  # noqa: N802
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(req)
+            text = _first_match(req["structured_outputs"]["regex"])  # a reply vLLM could return under the pattern
+            assert re.fullmatch(req["structured_outputs"]["regex"], text), text
+            body = json.dumps({"choices": [{"message": {"content": text}}], "usage": {"prompt_tokens": 5, "completion_tokens": 9}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+        pol = make_policy(f"openai:m@{url}", decoding="constrained", max_new_tokens=16)
+        ep = run_episodes(pol, [EpisodeJob(specs["team_lunch-v1"], 0)])[0]
+        assert ep.steps and all(s.action.parse_status == "ok" for s in ep.steps)
+        assert ep.steps[0].policy.decoding["mode"] == "constrained" and len(seen) == len(ep.steps)
+        assert make_policy(f"openai:m@{url}").decoding == "free"  # auto: a server may not know the field
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_export_merges_the_action_adapter_into_a_plain_model_folder(tiny_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from socialworld.cli import app
+    from socialworld.lm import make_backend
+
+    loop = _loop_layout(tmp_path / "run", tiny_dir)
+    res = CliRunner().invoke(app, ["export", "--policy", str(tiny_dir), "--adapters", str(loop), "--out", str(tmp_path / "m")])
+    assert res.exit_code == 0, res.output
+    conv = [[{"role": "user", "content": "Turn 1/7."}]]
+    trained = make_backend(f"{tiny_dir}+{loop}", max_new_tokens=8, dtype="float32").complete(conv)[0]
+    exported = make_backend(str(tmp_path / "m"), max_new_tokens=8, dtype="float32").complete(conv)[0]
+    assert exported.text == trained.text and not (tmp_path / "m" / "adapter_config.json").exists()
+    res = CliRunner().invoke(app, ["export", "--policy", f"{tiny_dir}+{loop}", "--out", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "exists" in res.output

@@ -655,6 +655,25 @@ def chain_cmd(
     console.print(t)
 
 
+@app.command("export")
+def export_cmd(
+    policy: str = typer.Option(..., help="a trained policy: a local model with adapters (<model>+<run folder>), or the run folder"),
+    adapters: str = typer.Option("", help=ADAPTERS_HELP),
+    out: Path = typer.Option(..., help="new folder for the merged model"),
+    track: str = typer.Option("action", help="the adapter merged in: action (it writes the BELIEF and ACTION lines) or dialogue"),
+) -> None:
+    """Export a trained policy as one plain model folder (its adapter merged into the base weights),
+    for servers without LoRA support (docs/serving.md)."""
+    from .lm.models import export_merged
+
+    try:
+        if track not in ("action", "dialogue"):
+            raise ValueError(f"--track must be action or dialogue, got {track!r}")
+        _say(f"wrote {export_merged(_policy_spec(policy, adapters), out, track)}")
+    except (ValueError, OSError) as err:
+        _fail(str(err))
+
+
 @app.command("serve")
 def serve_cmd(
     model: str = typer.Option("bundled", help="model spec to serve: bundled, a local path or hub id (also its model id)"),

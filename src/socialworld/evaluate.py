@@ -39,7 +39,9 @@ class EvalConfig:
     lm_batch_size: int = field(default=12, metadata={"help": "language models: prompts per forward pass (or concurrent API calls)"})
     decoding: str = field(
         default="auto",
-        metadata={"help": "language models: free (parse BELIEF/ACTION/SAY), constrained (greedy under the reply grammar: parseable by construction), auto (constrained for local models)"},
+        metadata={"help": ("language models: free (parse BELIEF/ACTION/SAY), constrained (greedy under the reply grammar: "
+                           "parseable by construction; for an openai: endpoint the grammar goes as a regex in vLLM's "
+                           "structured_outputs field), auto (constrained for local models, free for endpoints)")},
     )
     max_new_tokens: int = field(default=64, metadata={"help": "language models: tokens generated per free-form reply"})
     request_timeout: float = field(default=60.0, metadata={"help": (

@@ -40,11 +40,11 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
             raise ValueError(f"{spec!r} names its adapters; do not pass adapters as well")
         adapters = {k: str(v) for k, v in find_adapters(ms.adapters).items()}
     if ms.kind == "openai":
-        if decoding == "constrained":
-            raise ValueError("constrained decoding needs the logits of a local model; use decoding='free' for a server")
+        # constrained: the server constrains each reply to the grammar (vLLM's structured outputs);
+        # auto stays free, since other servers reject the field
         return LMPolicy(OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size,  # type: ignore[arg-type]
                                       timeout_s=timeout_s),
-                        decoding="free")
+                        decoding="constrained" if decoding == "constrained" else "free")
     if ms.kind in ("bundled", "hf"):
         path = bundled_path() if ms.kind == "bundled" else ms.name
         model, tok, digest = load_with_adapters(path, adapters or {}, dtype=dtype)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-from .constrained import PrefixCache
+from .constrained import PrefixCache, program_regex
 
 Messages = list[dict[str, str]]
 
@@ -249,22 +249,22 @@ class OpenAIBackend:
     def name(self) -> str:
         return f"openai:{self.model}@{self.base_url}"
 
-    def _one(self, messages: Messages) -> Completion:
+    def _one(self, messages: Messages, regex: str | None = None) -> Completion:
         t0, attempt = time.perf_counter(), 0
-        c, wait = self._attempt(messages, t0)
+        c, wait = self._attempt(messages, t0, regex)
         while c.error is not None and wait is not None and attempt < self.retries:
             time.sleep(wait if wait >= 0 else self.backoff_s * 2**attempt)
             attempt += 1
-            c, wait = self._attempt(messages, t0)
+            c, wait = self._attempt(messages, t0, regex)
         if c.error is None or not attempt:
             return c
         return Completion("", latency_s=c.latency_s, error=f"{c.error} (after {attempt + 1} attempts)")
 
-    def _attempt(self, messages: Messages, t0: float) -> tuple[Completion, float | None]:
+    def _attempt(self, messages: Messages, t0: float, regex: str | None = None) -> tuple[Completion, float | None]:
         """One request: the completion (or its error) and, when the error is worth a retry (429,
         5xx, a refused connection), the seconds to wait first (-1: the backoff's own)."""
-        body = json.dumps({"model": self.model, "messages": messages, "temperature": 0,
-                           "max_tokens": self.max_new_tokens}).encode()
+        body = json.dumps({"model": self.model, "messages": messages, "temperature": 0, "max_tokens": self.max_new_tokens,
+                           **({"structured_outputs": {"regex": regex}} if regex is not None else {})}).encode()
         req = urllib.request.Request(f"{self.base_url}/chat/completions", data=body, method="POST",
                                      headers={"Content-Type": "application/json",
                                               **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
@@ -300,3 +300,10 @@ class OpenAIBackend:
     def complete(self, conversations: Sequence[Messages]) -> list[Completion]:
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
             return list(pool.map(self._one, conversations))
+
+    def constrained(self, conversations: Sequence[Messages], programs: Sequence[Sequence[Any]]) -> list[Completion]:
+        """Each reply constrained by the server to its program's grammar, sent as a regular
+        expression in vLLM's ``structured_outputs`` field (vLLM >= 0.12; other servers reject or
+        ignore the field: the strict parser still checks every reply)."""
+        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
+            return list(pool.map(self._one, conversations, [program_regex(p) for p in programs]))

@@ -23,6 +23,7 @@ batch can decode an action with the action adapter and an utterance with the dia
 
 from __future__ import annotations
 
+import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -51,6 +52,23 @@ class Free:
 
 
 Segment = Union[Forced, Choice, Free]
+
+
+def program_regex(program: Sequence[Segment]) -> str:
+    """A program as a regular expression over the whole reply, for servers that constrain decoding
+    by a pattern (vLLM's ``structured_outputs: {"regex": ...}``): forced text literally, a choice
+    as the alternation of its options, free text as anything up to its stop string. A reply the
+    local decoder could write matches it, and so does every reply the server may return."""
+    parts = []
+    for seg in program:
+        if isinstance(seg, Forced):
+            parts.append(re.escape(seg.text))
+        elif isinstance(seg, Choice):
+            parts.append("(?:" + "|".join(re.escape(o) for o in seg.options) + ")")
+        else:
+            stop = re.escape(seg.stop[0]) if seg.stop else ""
+            parts.append(f"[^{stop}]*" if stop else ".*")
+    return "".join(parts)
 
 
 @dataclass(frozen=True)

@@ -258,3 +258,35 @@ def load_with_adapters(name_or_path: str | Path, adapters: dict[str, str | Path]
     model.eval()
     digest = ";".join(f"{name}={sha256_path(Path(p))[:16]}" for name, p in adapters.items())
     return model, tok, digest
+
+
+def export_merged(spec: str, out: str | Path, track: str = "action") -> Path:
+    """Write the trained policy ``spec`` (a local model with adapters) as one plain model folder:
+    the ``track`` adapter merged into the base weights (PEFT ``merge_and_unload``), saved in fp32
+    with the tokenizer. Any server that loads a Hugging Face folder then serves it (vLLM without
+    LoRA support, TGI, or a GGUF conversion for llama.cpp and Ollama). Atomic: written beside
+    ``out`` and renamed; an existing ``out`` is an error."""
+    ms = parse_model_spec(spec)
+    if ms.kind not in ("bundled", "hf") or not ms.adapters:
+        raise ValueError(f"export needs a local model with adapters (e.g. bundled+runs/bench), got {spec!r}")
+    found = find_adapters(ms.adapters)
+    if track not in found:
+        raise ValueError(f"{ms.adapters} has no {track} adapter (it has {', '.join(sorted(found))})")
+    target = Path(out)
+    if target.exists():
+        raise ValueError(f"{target} exists: choose another --out or remove it")
+    from peft import PeftModel
+
+    model, tok = load_hf(bundled_path() if ms.kind == "bundled" else ms.name, dtype="float32")
+    merged = PeftModel.from_pretrained(model, str(found[track])).merge_and_unload()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    try:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tok.padding_side = "right"  # the saved tokenizer as a server expects it
+        tok.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
