@@ -26,6 +26,7 @@ from .tom import TomConfig
 from .play import play_episode
 from .spec import ScenarioError, load_builtin_scenarios, resolve_scenarios
 from .metrics import METRICS_CONTRACT
+from .templates import JUDGE_DIMENSIONS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A seeded social world for language agents.")
 console = Console()
@@ -188,6 +189,7 @@ def eval_cmd(
     decoding: str = typer.Option("auto", help=H("decoding")),
     max_new_tokens: int = typer.Option(64, help=H("max_new_tokens")),
     request_timeout: float = typer.Option(60.0, help=H("request_timeout")),
+    judge: str = typer.Option("", help=H("judge")),
     out: Optional[Path] = typer.Option(None, help=H("out")),
     overwrite: bool = typer.Option(False, "--overwrite", help=H("overwrite")),
     ray: str = typer.Option("", help=H("ray")),
@@ -200,7 +202,7 @@ def eval_cmd(
         policy = _policy_spec(policy, adapters)
         cfg = EvalConfig(policy=policy, tiers=tiers, scenarios=scenario, episodes=episodes, seed=seed,
                          batch_size=batch_size, lm_batch_size=lm_batch_size, decoding=decoding,
-                         max_new_tokens=max_new_tokens, request_timeout=request_timeout, out=out, overwrite=overwrite, ray=ray,
+                         max_new_tokens=max_new_tokens, request_timeout=request_timeout, judge=judge, out=out, overwrite=overwrite, ray=ray,
                          max_endpoint_failures=max_endpoint_failures)
         specs = resolve_scenarios(cfg.scenarios, cfg.tiers)
         _run_log(cfg.out_dir())
@@ -232,8 +234,17 @@ def eval_cmd(
         for key, m in rows.items():
             t.add_row(key, str(m["n"]), *(f"{m[c]:.2f}" for c in cols))
         console.print(t)
+    if "judge" in summary:
+        t = Table(title=escape(f"LM judge {cfg.judge} ({summary['judge']['all']['prompt_version']}, source proxy, 0-10; "
+                               "beside the rule metrics, never in them)"))
+        for c in ("tier", "episodes", "judged", "endpoint fail", "unparseable", *JUDGE_DIMENSIONS):
+            t.add_column(c, justify="right" if c != "tier" else "left")
+        for key, j in (("all", summary["judge"]["all"]), *summary["judge"]["by_tier"].items()):
+            t.add_row(key, str(j["episodes"]), str(j["judged"]), str(j["endpoint_failures"]), str(j["unparseable"]),
+                      *("-" if j["means"][dim] is None else f"{j['means'][dim]:.2f}" for dim in JUDGE_DIMENSIONS))
+        console.print(t)
     d = cfg.out_dir()
-    _say(f"records: {d}/episodes.jsonl, {d}/episodes.parquet; summary: {d}/metrics.json")
+    _say(f"records: {d}/episodes.jsonl, {d}/episodes.parquet{f', {d}/judge.jsonl' if cfg.judge else ''}; summary: {d}/metrics.json")
 
 
 @app.command()

@@ -13,7 +13,8 @@ from .config import at_least
 from .lm.models import parse_model_spec
 from .metrics import METRICS_CONTRACT, aggregate, group_by
 from .policies import SCRIPTED, make_policy
-from .records import TMP_MARK, EpisodeRecord, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
+from .judge import judge_episodes, summarise
+from .records import TMP_MARK, EpisodeRecord, JudgeRec, atomic_write_text, dumps_canonical, record_json, write_jsonl, write_parquet
 from .rng import derive_seed
 from .runner import EpisodeJob, run_episodes
 from .scale import RAY_HELP, check_ray, ray_init, rollouts
@@ -44,6 +45,9 @@ class EvalConfig:
                            "structured_outputs field), auto (constrained for local models, free for endpoints)")},
     )
     max_new_tokens: int = field(default=64, metadata={"help": "language models: tokens generated per free-form reply"})
+    judge: str = field(default="", metadata={"help": (
+        "an LM judge's model spec (off when empty): scores every episode 0-10 on goal and believability "
+        "(SOTOPIA-style) from its public transcript, beside the rule metrics (source proxy, written to judge.jsonl)")})
     request_timeout: float = field(default=60.0, metadata={"help": (
         "openai: endpoints: the most seconds one request may take, from connecting to the reply's last byte")})
     out: Path | None = field(
@@ -59,6 +63,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         check_ray(self.ray)
         kind = parse_model_spec(self.policy).kind  # a typo (or adapters that are not there) fails now
+        if self.judge and parse_model_spec(self.judge).kind == "scripted":
+            raise ValueError(f"the judge must be a language model spec, not the scripted policy {self.judge!r}")
         if self.ray and kind not in ("scripted", "openai"):
             raise ValueError(f"--ray spreads scripted and openai: policies; {self.policy!r} is a local model (run it without --ray)")
         if self.decoding not in ("auto", "free", "constrained"):
@@ -105,6 +111,8 @@ def episode_seeds(run_seed: int, scenario_id: str, n: int) -> list[int]:
 class EvalResult:
     policy: str
     episodes: list[EpisodeRecord]
+    judged: list[JudgeRec] = field(default_factory=list)
+    """the LM judge's record of each episode (empty without ``--judge``)"""
 
     def summary(self) -> dict:
         """The ``eval --json`` document."""
@@ -112,8 +120,14 @@ class EvalResult:
         by_scenario = {}
         for sid, eps in group_by(self.episodes, "scenario_id").items():
             by_scenario[sid] = {**aggregate(eps).as_dict(), "tier": eps[0].tier}
-        return {"policy": self.policy, "metrics_contract": METRICS_CONTRACT, "episodes": len(self.episodes),
-                "by_tier": by_tier, "by_scenario": by_scenario}
+        doc = {"policy": self.policy, "metrics_contract": METRICS_CONTRACT, "episodes": len(self.episodes),
+               "by_tier": by_tier, "by_scenario": by_scenario}
+        if self.judged:
+            tier = {e.episode_id: e.tier for e in self.episodes}
+            doc["judge"] = {"all": summarise(self.judged).as_dict(),
+                            "by_tier": {t: summarise([r for r in self.judged if tier[r.episode_id] == t]).as_dict()
+                                        for t in sorted(set(tier.values()))}}
+        return doc
 
 
 def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None = None,
@@ -134,7 +148,6 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
         eps = rollouts(cfg.policy, jobs, ray=cfg.ray, seed=cfg.seed, run_seed=cfg.seed, tick=on_episode, **lm)
     else:
         eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed, on_steps=on_steps)
-    result = EvalResult(cfg.policy, eps)
     write_jsonl(out / "episodes.jsonl", eps)
     write_parquet(out / "episodes.parquet", eps)
     failed = aggregate(eps).endpoint_failure_rate
@@ -143,6 +156,13 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
         raise EndpointFailure(f"the endpoint of {cfg.policy} gave no reply on {failed:.0%} of the steps (more than "
                               f"--max-endpoint-failures {cfg.max_endpoint_failures:g}; the first error: {_first_error(eps)}): "
                               f"no scores; the records are in {out}")
+    judged = judge_episodes(cfg.judge, eps, {s.id: s for s in specs}, batch_size=cfg.lm_batch_size,
+                            timeout_s=cfg.request_timeout) if cfg.judge else []
+    if judged:
+        atomic_write_text(out / "judge.jsonl", "".join(record_json(r) + "\n" for r in judged))
+    else:  # an earlier evaluation's judgement (--overwrite) is not this one's
+        (out / "judge.jsonl").unlink(missing_ok=True)
+    result = EvalResult(cfg.policy, eps, judged)
     atomic_write_text(out / "metrics.json", dumps_canonical(result.summary()) + "\n")
     return result
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 STEP_SCHEMA = "step-v1"
 EPISODE_SCHEMA = "episode-v1"
+JUDGE_SCHEMA = "judge-v1"
 
 R = TypeVar("R", bound=BaseModel)
 TMP_MARK = "swtmp-"
@@ -212,6 +213,24 @@ class EpisodeRecord(_Rec):
     metrics: Metrics | None = None
     diagnostics: Diagnostics | None = None
     lineage: Lineage
+
+
+class JudgeRec(_Rec):
+    """An LM judge's scores of one episode (DESIGN §3.5), kept beside the episode's records and
+    never in place of the rule metrics. Each score is a :class:`Signal` with source ``proxy`` and
+    detail ``llm_judge:<model>``; a judge that gave no usable reply leaves ``scores`` empty and
+    says why in ``failure`` (``endpoint``: no reply; ``unparseable``: a reply without every
+    score), so a failure is counted, never a 0."""
+
+    schema_version: Literal["judge-v1"] = JUDGE_SCHEMA
+    episode_id: str
+    judge: str
+    """the judge's model spec"""
+    prompt_version: str
+    scores: dict[str, Signal]
+    raw: str
+    failure: Literal["endpoint", "unparseable"] | None = None
+    error: str | None = None
 
 
 # ------------------------------------------------------------------ IO

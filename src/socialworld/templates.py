@@ -221,3 +221,27 @@ MEMORY_HEADER = "From earlier meetings with the same people ({mode} memory):"
 MEMORY_FULL_EPISODE = "Meeting {n}:"
 MEMORY_SUMMARY_EPISODE = "Meeting {n}: {outcome}. Worked: {worked}."
 MEMORY_SUMMARY_NPC = "  {npc}: {known}{ending}"
+
+# ---------------------------------------------------------------- the optional LM judge (DESIGN §3.5)
+
+JUDGE_PROMPT_VERSION = "judge-v1"
+JUDGE_DIMENSIONS: dict[str, str] = {
+    # SOTOPIA's goal completion and believability (Lifelong-SOTOPIA's GOAL and BEL), 0-10
+    "goal": "GOAL",
+    "believability": "BELIEVABILITY",
+}
+JUDGE_SYSTEM = (
+    "You rate an organiser who helps a group of people reach decisions together. Read the setting and "
+    "the conversation, then score the organiser from 0 to 10 on two dimensions:\n"
+    "GOAL: how fully the organiser reached its goal (decisions everyone accepts, people kept happy); "
+    "0 = nothing achieved, 10 = everything.\n"
+    "BELIEVABILITY: how natural, consistent and human-like the organiser's words and moves are; "
+    "0 = erratic or robotic, 10 = like a thoughtful person.\n"
+    "Reply with exactly two lines:\nGOAL: <0-10>\nBELIEVABILITY: <0-10>"
+)
+JUDGE_USER = (
+    "Setting: {setting}\nThe organiser's goal: {goal}\nPeople: {people}\nDecisions: {decisions}\n\n"
+    "Conversation:\n{transcript}\n\nScore the organiser."
+)
+JUDGE_TURN = "[{step}] organiser ({action}): {words}"
+JUDGE_REPLY = "[{step}] {speaker}: {text}"

@@ -5,17 +5,17 @@ from __future__ import annotations
 from .models import ModelSpec, find_adapters, parse_model_spec, with_adapters
 
 
-def make_backend(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16, dtype: str = "auto"):
+def make_backend(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16, dtype: str = "auto", timeout_s: float = 60.0):
     """A text backend for a model spec string: :class:`~socialworld.lm.backends.HFBackend` for
     local models, :class:`~socialworld.lm.backends.OpenAIBackend` for ``openai:`` specs. A local
     model with adapters generates under its ``action`` adapter (the one that writes the BELIEF and
-    ACTION lines; the ``dialogue`` one where it has no other)."""
+    ACTION lines; the ``dialogue`` one where it has no other). ``timeout_s`` bounds each request to an endpoint."""
     from .backends import HFBackend, OpenAIBackend
     from .models import bundled_path, find_adapters, load_with_adapters
 
     ms = parse_model_spec(spec)
     if ms.kind == "openai":
-        return OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size)
+        return OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size, timeout_s=timeout_s)
     if ms.kind in ("bundled", "hf"):
         found = {k: str(v) for k, v in find_adapters(ms.adapters).items()} if ms.adapters else {}
         model, tok, _ = load_with_adapters(bundled_path() if ms.kind == "bundled" else ms.name, found, dtype=dtype)
