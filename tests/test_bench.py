@@ -82,3 +82,21 @@ def test_bench_smoke_on_a_user_scenario_file(tiny, tmp_path, my_lunch):
     assert load_spec(changed).content_hash != mine.content_hash
     with pytest.raises(ValueError, match="differs from the copy the run"):
         run_bench(BenchConfig(**{**cfg.__dict__, "scenarios": (str(changed), "book_club")}), log=lambda _: None)
+
+
+def test_bench_with_a_judge_reports_it_beside_the_rule_metrics(tiny, tmp_path):
+    cfg = BenchConfig(out=str(tmp_path / "j"), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000, judge=tiny)
+    res = run_bench(cfg, log=lambda _: None)
+    judge = res.doc["judge"]
+    assert judge["judge"] == tiny and set(judge["arms"]) == {"A", "B", "C", "oracle", "random"}
+    for arm, j in judge["arms"].items():
+        assert j["episodes"] == len(res.per_cycle[arm][1]) and j["judged"] + j["endpoint_failures"] + j["unparseable"] == j["episodes"]
+        assert j["source"] == "proxy"
+    plain = run_bench(BenchConfig(**{**cfg.__dict__, "out": str(tmp_path / "p"), "judge": ""}), log=lambda _: None)
+    # the static arms' rule metrics do not move (B's sleep may train on judge-ranked dialogue pairs)
+    assert {a: m for a, m in plain.doc["main"].items() if a != "B"} == {a: m for a, m in res.doc["main"].items() if a != "B"}
+    assert "judge" not in plain.doc
+    assert "LM judge" in (tmp_path / "j" / "report.md").read_text() and "LM judge" not in (tmp_path / "p" / "report.md").read_text()
+    assert (tmp_path / "j" / "loop" / "cycle-1" / "wake" / "judge.jsonl").is_file()  # B's sleep had the judge too
+    logs: list[str] = []
+    assert run_bench(cfg, log=logs.append).doc == res.doc and not any("judged" in m for m in logs)

@@ -300,3 +300,25 @@ def test_one_cycle_raises_the_chosen_actions_probability(tmp_path):
     after = chosen_action_logprobs(trained, tok, pairs)
     assert fmean(after) > fmean(before) + 1.0  # nats per action, on average
     assert sum(a > b for a, b in zip(after, before)) >= 0.8 * len(pairs)
+
+
+def test_a_loop_with_a_judge_keeps_its_pairs_out_of_the_action_track(tmp_path):
+    """``--judge``: the judge's records are a run artifact; pairs ranked by it carry proxy evidence,
+    so strict gating counts them out of the action track."""
+    from socialworld.loop import read_judged
+    from socialworld.records import read_jsonl
+    from socialworld.sleep import read_pairs
+
+    tiny_dir = tiny_lm(tmp_path / "tiny")
+    cfg = replace(_cfg(tiny_dir, tmp_path / "j"), cycles=1, judge=str(tiny_dir),
+                  sleep=replace(_cfg(tiny_dir, "x").sleep, judge_margin=0.0))
+    run_loop(cfg, log=lambda _: None)
+    judged = read_judged(tmp_path / "j" / "cycle-1" / "wake" / "judge.jsonl")
+    wake = read_jsonl(tmp_path / "j" / "cycle-1" / "wake" / "episodes.jsonl")
+    assert {e.episode_id for e in wake} <= set(judged) and all(r.judge == str(tiny_dir) for r in judged.values())
+    gating = json.loads((tmp_path / "j" / "cycle-1" / "sleep" / "gating.json").read_text())
+    ranked = sum(v for k, v in gating["excluded"].items() if k.startswith("judge:")) + gating["excluded"].get("action:proxy_evidence", 0)
+    assert ranked >= 1  # every judged wake episode was ranked against its reference, and each outcome counted
+    pairs = [p for t in ("action", "dialogue") for p in read_pairs(tmp_path / "j" / "cycle-1" / "sleep" / f"pairs-{t}.parquet")]
+    assert not any(p.track == "action" and p.evidence["ranking"] == "proxy" for p in pairs)
+    assert run_loop(cfg, log=lambda _: None)  # resumes: the judgement is not redone

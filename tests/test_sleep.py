@@ -277,3 +277,52 @@ def test_pairs_replace_and_count_lone_surrogates(lunch, tmp_path):
     raw = [json.dumps(p.model_dump(), ensure_ascii=False) for p in pairs]
     assert replaced == sum(r.count("\ud800") for r in raw) > 0
     assert all("\ud800" not in json.dumps(p.model_dump(), ensure_ascii=False) for p in back) and any("ok \ufffd then" in p.rejected[0]["content"] for p in back)
+
+
+def _judged(ep, goal, judge="openai:j@http://x/v1"):
+    from socialworld.records import JudgeRec, Signal
+
+    sig = lambda v: Signal(value=v, source="proxy", confidence=1.0, detail=f"llm_judge:{judge}")  # noqa: E731
+    return JudgeRec(episode_id=ep.episode_id, judge=judge, prompt_version="judge-v1", raw="",
+                    scores={"goal": sig(goal), "believability": sig(5.0)})
+
+
+def test_judge_ranked_pairs_are_kept_out_of_the_action_track_by_strict_gating(lunch, random_eps):
+    """An LM judge's ranking is proxy evidence: its pairs reach the dialogue track (relaxed gating)
+    and never the action track, unless gating is off (the ablation)."""
+    from socialworld.sleep import judge_pairs
+
+    wake = random_eps[0]
+    expert = run_episodes(make_policy("expert"), [EpisodeJob(lunch, wake.seed)])[0]
+    mute = run_episodes(FixedPolicy([recorded_action(s).key for s in expert.steps]), [EpisodeJob(lunch, wake.seed)])[0]
+    report = GatingReport()
+    (act,) = judge_pairs(lunch, wake, expert, _judged(wake, 2.0), _judged(expert, 9.0), SleepConfig(), report)
+    assert act.track == "action" and act.episode_id == expert.episode_id and act.evidence["ranking"] == "proxy"
+    assert act.provenance.startswith("llm_judge:openai:j@") and (act.chosen_value, act.rejected_value) == (9.0, 2.0)
+    from socialworld.lm.prompts import build_messages
+
+    seen = [build_messages(observe(lunch, w.pub)) for _, w in replay(lunch, wake)][act.step]
+    assert act.prompt == seen and act.chosen != act.rejected  # the lower-judged side saw the same prompt
+    (say,) = judge_pairs(lunch, mute, expert, _judged(mute, 3.0), _judged(expert, 8.0), SleepConfig(), report)
+    assert say.track == "dialogue" and say.chosen[0]["content"].split("\nSAY:")[0] == say.rejected[0]["content"].split("\nSAY:")[0]
+    assert judge_pairs(lunch, mute, expert, _judged(mute, 7.0), _judged(expert, 8.0), SleepConfig(), report) == []
+    assert report.excluded["judge:below_margin"] == 1
+
+    strict = GatingReport()
+    kept = screen_and_gate([act, say], SleepConfig(), strict)
+    assert kept == [say] and strict.excluded["action:proxy_evidence"] == 1  # the gating report says why
+    assert screen_and_gate([act, say], replace(SleepConfig(), gating="off"), GatingReport()) == [act, say]
+    # simulator-ranked pairs say so, and pass
+    (ours,) = action_pairs(lunch, wake, SleepConfig(), GatingReport())[:1]
+    assert ours.evidence["ranking"] == "direct"
+
+
+def test_candidate_pairs_take_judged_episodes_and_count_failed_judgements(lunch, random_eps):
+    wake = random_eps[:2]
+    refs = {(e.scenario_id, e.seed): e for e in run_episodes(make_policy("expert"), [EpisodeJob(lunch, e.seed) for e in wake])}
+    judged = {e.episode_id: _judged(e, 1.0) for e in wake} | {r.episode_id: _judged(r, 9.0) for r in refs.values()}
+    judged[wake[1].episode_id] = judged[wake[1].episode_id].model_copy(update={"failure": "unparseable", "scores": {}})
+    report = GatingReport()
+    pairs = candidate_pairs({lunch.id: lunch}, wake, refs, SleepConfig(utterance_pairs=False), report, judged=judged)
+    ranked = [p for p in pairs if p.evidence["ranking"] == "proxy"]
+    assert len(ranked) == 1 and ranked[0].seed == wake[0].seed and report.excluded["judge:failed"] == 1

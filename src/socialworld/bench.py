@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
+from .judge import judge_episodes, summarise
 from .diagnostics import coverage, failure_counts
 from .evaluate import episode_seeds
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
@@ -34,7 +35,7 @@ from .scale import RAY_HELP, check_ray, pmap, ray_init, rollouts
 from .lm.models import parse_model_spec
 from .loop import EXECUTION_FIELDS, LoopConfig, Progress, check_unlockable, config_doc, run_loop
 from .policies import SCRIPTED
-from .records import EpisodeRecord, atomic_write_text, read_jsonl, write_jsonl
+from .records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, record_json, write_jsonl
 from .rundir import RunDir
 from .runner import EpisodeJob
 from .sleep import SleepConfig
@@ -112,12 +113,18 @@ class BenchConfig:
     scenarios: tuple[str, ...] = field(default=(), metadata={"help": (
         "scenario ids or YAML paths of your own (repeatable), instead of the preset's; each unlocks with its tier "
         "(the preset's budget stays)")})
+    judge: str = field(default="", metadata={"help": (
+        "an LM judge's model spec (off when empty): scores every arm's last-cycle episodes 0-10 on goal and "
+        "believability, reported beside the rule metrics (source proxy), and ranks pairs in B's sleep (kept out of "
+        "the action track by strict gating)")})
     ray: str = field(default="", metadata={"help": RAY_HELP + "; the sleep phase's scoring, the scripted arms' rollouts and a "
                                                                "suite's variants (the run folder must be on storage every node sees)"})
 
     def __post_init__(self) -> None:
         check_ray(self.ray)
         one_of(self, "preset", tuple(PRESETS))
+        if self.judge and parse_model_spec(self.judge).kind == "scripted":
+            raise ValueError(f"the judge must be a language model spec, not the scripted policy {self.judge!r}")
         one_of(self, "unlock", ("progressive", "adaptive", "fixed"))
         at_least(self, 1, "cycles", "lm_batch_size", "resamples")
         if parse_model_spec(self.model).kind not in ("bundled", "hf"):  # before the run folder holds a typo
@@ -135,7 +142,7 @@ class BenchConfig:
                           eval_episodes=p.eval_episodes, seed=self.seed,
                           lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock,
                           adaptive_threshold=self.adaptive_threshold, scenarios=self.scenario_names(), max_turns=p.max_turns,
-                          sleep=p.sleep, train=p.train, dialogue_steps=p.dialogue_steps, ray=self.ray)
+                          sleep=p.sleep, train=p.train, dialogue_steps=p.dialogue_steps, ray=self.ray, judge=self.judge)
         return replace(base, **over)
 
 
@@ -152,7 +159,7 @@ def recorded(cfg: BenchConfig, scenarios: RunScenarios) -> BenchConfig:
     return replace(cfg, scenarios=scenarios.names if cfg.scenarios else ())
 
 
-ADDED_FIELDS = {"scenarios": [], "user_scenarios": {}}
+ADDED_FIELDS = {"scenarios": [], "user_scenarios": {}, "judge": ""}
 """Config fields added after bench runs were written (see ``socialworld.loop.ADDED_FIELDS``)."""
 
 
@@ -211,12 +218,34 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
         for arm, eps in static.items():
             per_cycle[arm][c] = _subset(eps, tiers)
     doc = bench_document(recorded(cfg, scenarios), tiers_per_cycle, per_cycle, summaries)
+    judged = _judge_arms(cfg, run, {arm: cyc[max(cyc)] for arm, cyc in per_cycle.items()}, scenarios, log)
+    if judged:
+        doc["judge"] = {"judge": cfg.judge, "arms": {arm: summarise(recs).as_dict() for arm, recs in judged.items()}}
     run.produce("bench.json", "bench", lambda p: atomic_write_text(p, json.dumps(doc, indent=1, sort_keys=True) + "\n"),
-                inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)])
+                inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)] + [f"judge/{a}.jsonl" for a in judged])
     from .report import write_reports
 
     write_reports(run, doc, per_cycle)
     return BenchResult(cfg, tiers_per_cycle, per_cycle, summaries, doc)
+
+
+def _judge_arms(cfg: BenchConfig, run: RunDir, last: dict[str, list[EpisodeRecord]], scenarios: RunScenarios,
+                log: Callable[[str], None]) -> dict[str, list[JudgeRec]]:
+    """With ``cfg.judge``: the judge's record of each arm's last-cycle episodes (``judge/<arm>.jsonl``,
+    made once), by arm; else nothing."""
+    if not cfg.judge:
+        return {}
+    from .loop import read_judged
+
+    specs = {s.id: capped(s, PRESETS[cfg.preset].max_turns) for s in scenarios.specs}
+    out = {}
+    for arm, eps in last.items():
+        rel = f"judge/{arm}.jsonl"
+        if run.produce(rel, f"judge:{cfg.judge}", lambda p, eps=eps: atomic_write_text(p, "".join(
+                record_json(r) + "\n" for r in judge_episodes(cfg.judge, eps, specs, batch_size=cfg.lm_batch_size)))):
+            log(f"arm {arm}: judged {len(eps)} last-cycle episodes with {cfg.judge}")
+        out[arm] = list(read_judged(run.path(rel)).values())
+    return out
 
 
 def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_cycle: dict[str, dict[int, list[EpisodeRecord]]],

@@ -312,6 +312,8 @@ def loop_cmd(
     replay: float = typer.Option(0.0, help=help_for(_SleepConfig(), "replay")),
     wake_chosen: str = typer.Option("best", help=help_for(_SleepConfig(), "wake_chosen")),
     label_gate: str = typer.Option("margin", help=help_for(_SleepConfig(), "label_gate")),
+    judge: str = typer.Option("", help=help_for(_LoopConfig(), "judge")),
+    judge_margin: float = typer.Option(2.0, help=help_for(_SleepConfig(), "judge_margin")),
 ) -> None:
     """Wake-sleep-deploy: roll out on training seeds, build and gate counterfactual pairs, train
     one LoRA adapter per track with TRL, deploy and evaluate; resumable in --out."""
@@ -326,9 +328,9 @@ def loop_cmd(
         cfg = LoopConfig(out=out, model=model, cycles=cycles, tiers=tuple(tiers), scenarios=tuple(scenario or ()), train_episodes=train_episodes,
                          reference_episodes=reference_episodes, dialogue_steps=dialogue_steps,
                          eval_episodes=eval_episodes, seed=seed, baseline=baseline, lm_batch_size=lm_batch_size, reuse_from=reuse_from,
-                         unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged, ray=ray,  # type: ignore[arg-type]
+                         unlock=unlock, tracks=tuple(t for t in tracks.split(",") if t), merged=merged, ray=ray, judge=judge,  # type: ignore[arg-type]
                          sleep=replace(SleepConfig(), gating=gating, quality_threshold=quality_threshold, reference_pairs=reference_pairs,  # type: ignore[arg-type]
-                                       replay=replay, wake_chosen=wake_chosen, label_gate=label_gate),
+                                       replay=replay, wake_chosen=wake_chosen, label_gate=label_gate, judge_margin=judge_margin),
                          train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight,  # type: ignore[arg-type]
                                            lora_r=lora_r, lora_alpha=2 * lora_r, max_epochs=max_epochs, batch_size=batch_size,
                                            lora_upper=lora_upper, dtype=dtype,  # type: ignore[arg-type]
@@ -497,17 +499,19 @@ def bench_cmd(
     seed: int = typer.Option(0, help=help_for(_BenchConfig(), "seed")),
     scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=help_for(_BenchConfig(), "scenarios")),
     ray: str = typer.Option("", help=help_for(_BenchConfig(), "ray")),
+    judge: str = typer.Option("", help=help_for(_BenchConfig(), "judge")),
     suite: str = typer.Option("main", help="main (arms A, B, C and references), methods (M0-M4) or ablations (E0-E6)"),
 ) -> None:
     """ASCENT-Bench: arms A (untrained), B (closed loop), C (proxy or expert), oracle and random
     through the lifelong protocol; writes bench.json, report.md and report.html to --out.
     With --suite methods|ablations, every variant under the same protocol and budget."""
     from .bench import SUITES, BenchConfig, phase_seconds, run_bench, run_suite
-    from .report import main_rows, r_rows
+    from .report import judge_rows, main_rows, r_rows
 
     try:
         cfg = BenchConfig(out=out, model=model, preset=preset, proxy=proxy, unlock=unlock,  # type: ignore[arg-type]
-                          adaptive_threshold=adaptive_threshold, cycles=cycles, seed=seed, scenarios=tuple(scenario or ()), ray=ray)
+                          adaptive_threshold=adaptive_threshold, cycles=cycles, seed=seed, scenarios=tuple(scenario or ()), ray=ray,
+                          judge=judge)
     except ValueError as err:
         _fail(str(err))
     if suite not in SUITES and suite != "main":
@@ -518,8 +522,11 @@ def bench_cmd(
         _say((Path(out) / suite / "suite.md").read_text())
         return
     result = _with_bars(lambda progress: run_bench(cfg, log=_say, progress=progress))
-    for title, fn in (("main table (last cycle)", main_rows), ("R[cycle][tier]", r_rows)):
+    for title, fn in (("main table (last cycle)", main_rows), ("R[cycle][tier]", r_rows),
+                      (f"LM judge {judge} (last cycle, proxy: beside the rule metrics)", judge_rows)):
         head, rows = fn(result.doc)
+        if not rows:
+            continue
         t = Table(title=f"{title}, {result.doc['metrics_contract']}")
         for h in head:
             t.add_column(h, justify="right")

@@ -38,10 +38,11 @@ from .evaluate import episode_seeds
 from .config import at_least
 from .scale import RAY_HELP, check_ray, ray_init, rollouts
 from .lm.models import parse_model_spec
+from .judge import judge_episodes
 from .lifelong import next_unlocked, progressive_schedule
 from .metrics import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
 from .policies import make_policy
-from .records import EpisodeRecord, atomic_write_text, read_jsonl, record_from_json, write_jsonl
+from .records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, record_from_json, record_json, write_jsonl
 from .rng import derive_seed
 from .rundir import CONTRACT_KEY, LEGACY_CONTRACT, RunDir, with_defaults
 from .runner import EpisodeJob, per_turn, run_episodes, turn_budget
@@ -86,6 +87,10 @@ class LoopConfig:
         "cap on the dialogue track's optimizer steps per cycle (0: the train steps): the template words it learns "
         "are fewer and easier than the actions")})
     train: TrainConfig = field(default_factory=lambda: TrainConfig(method="dpo", steps=20))
+    judge: str = field(default="", metadata={"help": (
+        "an LM judge's model spec (off when empty): scores each cycle's wake and reference episodes (judge.jsonl); "
+        "pairs ranked by its goal score join the candidates with proxy evidence, which strict gating keeps out of "
+        "the action track")})
     ray: str = field(default="", metadata={"help": RAY_HELP + " (how the run executes, not what it makes: not in config.yaml)"})
 
     def __post_init__(self) -> None:
@@ -98,6 +103,8 @@ class LoopConfig:
         if parse_model_spec(self.model).kind not in ("bundled", "hf"):  # before the run folder holds a typo
             raise ValueError(f"the loop trains a local model: model must be bundled or a model folder, got {self.model!r}")
         at_least(self, 0, "reference_episodes", "dialogue_steps")
+        if self.judge and parse_model_spec(self.judge).kind == "scripted":
+            raise ValueError(f"the judge must be a language model spec, not the scripted policy {self.judge!r}")
 
 
 def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int]:
@@ -113,8 +120,9 @@ UNTRAINED = ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl")
 (The reference episodes are the expert's: cheap to remake, and their number is a knob.)"""
 EVAL_KEYS = ("model", "tiers", "scenarios", "user_scenarios", "eval_episodes", "seed", "max_turns")
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
-ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "reference_episodes": 0, "dialogue_steps": 0,
-                "sleep": {"reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin"},
+ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "reference_episodes": 0, "dialogue_steps": 0, "judge": "",
+                "sleep": {"reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin",
+                          "judge_margin": 2.0},
                 "train": {"max_epochs": 0.0, "lora_upper": 1.0, "dtype": "float32"}}
 """Config fields added after runs were written, each with the value that behaves as the code did
 before it: a stored config without one resumes as if it had that value. (Not every default
@@ -270,12 +278,14 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
                                                                ray=cfg.ray)))
         wake = read_jsonl(run.path(f"{d}/wake/episodes.jsonl"))
         ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(f"{d}/wake/reference.jsonl"))}
+        judged = _judged(cfg, run, d, wake, ref, specs, log)
 
         earlier = [f"cycle-{k}/sleep" for k in range(1, c)] if cfg.sleep.replay > 0 else []
 
         def sleep_all(_p: Path) -> None:
             report = GatingReport()
-            kept = screen_and_gate(candidate_pairs(specs, wake, ref, cfg.sleep, report, progress, ray=cfg.ray), cfg.sleep, report)
+            kept = screen_and_gate(candidate_pairs(specs, wake, ref, cfg.sleep, report, progress, ray=cfg.ray, judged=judged),
+                                   cfg.sleep, report)
             if earlier:
                 old = [p for rel in earlier for t in TRACKS for p in read_pairs(run.path(f"{rel}/pairs-{t}.parquet"))]
                 kept = add_replay(kept, old, cfg.sleep, report, key=(c,))
@@ -284,7 +294,8 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
                 report.replaced += write_pairs(_p / f"pairs-{t}.parquet", [p for p in kept if p.track == t])
             atomic_write_text(_p / "gating.json", json.dumps(report.as_dict(), indent=1, sort_keys=True) + "\n")
 
-        run.produce(f"{d}/sleep", "sleep", sleep_all, inputs=[f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl", *earlier])
+        run.produce(f"{d}/sleep", "sleep", sleep_all, inputs=[f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl",
+                                                              *([f"{d}/wake/judge.jsonl"] if cfg.judge else []), *earlier])
         gating = json.loads(run.path(f"{d}/sleep/gating.json").read_text())
         log(f"cycle {c}: pairs kept {gating['kept']}, excluded {gating['excluded']}"
             + (f", replayed from earlier cycles {gating['replayed']}" if gating.get("replayed") else ""))
@@ -310,6 +321,27 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
             log(f"cycle {c}: {k} - untrained = {iv['mean']:+.3f}, 95% paired bootstrap [{iv['lo']:+.3f}, {iv['hi']:+.3f}]")
         summaries.append(summary)
     return summaries
+
+
+def _judged(cfg: LoopConfig, run: RunDir, d: str, wake: list[EpisodeRecord], ref: dict[tuple[str, int], EpisodeRecord],
+            specs: dict, log: Callable[[str], None]) -> dict[str, JudgeRec] | None:
+    """With ``cfg.judge``: the judge's record of every wake and reference episode of cycle folder
+    ``d`` (made once, ``wake/judge.jsonl``), by episode id; else None."""
+    if not cfg.judge:
+        return None
+    eps = [*wake, *(ref[k] for k in sorted(ref))]
+    if run.produce(f"{d}/wake/judge.jsonl", f"judge:{cfg.judge}",
+                   lambda p: atomic_write_text(p, "".join(record_json(r) + "\n" for r in judge_episodes(
+                       cfg.judge, eps, specs, batch_size=cfg.lm_batch_size))),
+                   inputs=[f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl"]):
+        log(f"{d}: judged {len(eps)} wake and reference episodes with {cfg.judge}")
+    return read_judged(run.path(f"{d}/wake/judge.jsonl"))
+
+
+def read_judged(path: str | Path) -> dict[str, JudgeRec]:
+    """A ``judge.jsonl`` file's records by episode id."""
+    recs = [record_from_json(JudgeRec, ln) for ln in Path(path).read_text(encoding="utf-8").split("\n") if ln.strip()]
+    return {r.episode_id: r for r in recs}
 
 
 def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] | None, prev: list[str],
@@ -383,12 +415,14 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
     specs = {s.id: s for s in resolve_scenarios(sorted({e.scenario_id for e in wake}), max_turns=cfg_doc.get("max_turns", 0),
                                                 run_dir=run_dir)}
     build = GatingReport()
-    pairs = candidate_pairs(specs, wake, ref, own, build)
+    judged = read_judged(run.path(f"{d}/wake/judge.jsonl")) if run.complete(f"{d}/wake/judge.jsonl") else None
+    pairs = candidate_pairs(specs, wake, ref, own, build, judged=judged)
     built = {p.id for p in pairs}  # the run's files also hold pairs replayed from earlier cycles
     run_ids = sorted(p.id for t in TRACKS for p in read_pairs(run.path(f"{d}/sleep/pairs-{t}.parquet")) if p.id in built)
     out = {}
     for name, v in {"run": own, **variants}.items():
-        fixed = ("margin", "rollouts", "horizon", "continuation", "max_candidates", "seed", "reference_pairs", "wake_chosen", "label_gate")
+        fixed = ("margin", "rollouts", "horizon", "continuation", "max_candidates", "seed", "reference_pairs", "wake_chosen",
+                 "label_gate", "q_margin", "utterance_pairs", "judge_margin")
         if any(getattr(v, k) != getattr(own, k) for k in fixed):
             raise ValueError(f"variant {name}: only screening and gating settings may differ from the run's")
         report = GatingReport(candidates=build.candidates, excluded=build.excluded.copy())

@@ -86,11 +86,21 @@ def diagnostics_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def judge_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """The LM judge's means per arm (last cycle), with its failures counted; no rows without a judge."""
+    head = ["arm", "judged", "endpoint failures", "unparseable", "goal (0-10)", "believability (0-10)"]
+    arms = doc.get("judge", {}).get("arms", {})
+    rows = [[arm, f"{j['judged']}/{j['episodes']}", str(j["endpoint_failures"]), str(j["unparseable"]),
+             _num(j["means"]["goal"]), _num(j["means"]["believability"])] for arm, j in arms.items()]
+    return head, rows
+
+
 TABLES = (("Main table (last cycle, 95% bootstrap intervals)", main_rows),
           ("Hierarchical pass rates R[cycle][tier]", r_rows),
           ("Forgetting and forward transfer", lifelong_rows),
           ("Closed loop (arm B) per cycle", loop_rows),
-          ("Diagnostics: coverage and failure attribution (last cycle)", diagnostics_rows))
+          ("Diagnostics: coverage and failure attribution (last cycle)", diagnostics_rows),
+          ("LM judge (last cycle; proxy evidence, beside the rule metrics, never in them)", judge_rows))
 
 
 def markdown(doc: dict) -> str:
@@ -104,6 +114,10 @@ def markdown(doc: dict) -> str:
            f"Episodes per arm: {doc['episodes_per_arm']}.", ""]
     for title, fn in TABLES:
         head, rows = fn(doc)
+        if not rows:
+            continue
+        if fn is judge_rows:
+            title = f"{title}: {doc['judge']['judge']}"
         out += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         out += ["| " + " | ".join(r) + " |" for r in rows]
         out.append("")
@@ -287,6 +301,8 @@ def row_links(name: str, doc: dict) -> list[str | None]:
         return [f"arm=B&cycle={s['cycle']}" for s in doc["loop"]]
     if name == "diagnostics_rows":
         return [f"arm={a}&cycle={last}&outcome=fail" for a in doc["diagnostics"]]
+    if name == "judge_rows":
+        return [f"arm={a}&cycle={last}" for a in doc.get("judge", {}).get("arms", {})]
     return []
 
 
@@ -431,7 +447,7 @@ def html_report(doc: dict, images: dict[str, str], episodes: list[dict], shared:
     (``shared``: the texts their prompts refer to by index)."""
     tables = "".join(f"<h2>{html.escape(title)}</h2>" + _table_html(*fn(doc), cls=fn.__name__.replace("_rows", ""),
                                                                  links=row_links(fn.__name__, doc))
-                     for title, fn in TABLES)
+                     for title, fn in TABLES if fn(doc)[1])
     figs = "".join(f'<figure><img alt="{name}" src="data:image/png;base64,{b64}"></figure>' for name, b64 in images.items())
     data = json.dumps(episodes).replace("<", "\\u003c")  # no "</script>" or "<!--" can end the script element
     texts = json.dumps(list(shared)).replace("<", "\\u003c")

@@ -69,7 +69,7 @@ from .core import Action
 from .lm.policy import belief_target
 from .lm.prompts import build_messages
 from .policies import make_policy
-from .records import EpisodeRecord, StepRecord
+from .records import EpisodeRecord, JudgeRec, StepRecord
 from .rng import derive_seed
 from .runner import decide
 from .spec import ScenarioSpec
@@ -78,7 +78,9 @@ from .world import World
 
 PAIR_SCHEMA = "pair-v1"
 GOOD_SOURCES = ("direct", "fused")
-EVIDENCE_KEYS = ("U", "A_e", "S_npc", "D")
+EVIDENCE_KEYS = ("U", "A_e", "S_npc", "D", "ranking")
+"""the source of each of the episode's metrics, and of what ranks chosen over rejected (``ranking``:
+``direct`` for the simulator's rollouts, ``proxy`` for an LM judge's scores)"""
 LABEL_NOTE = "; chosen: {}'s label"
 """ends the provenance of a pair whose chosen side is the continuation policy's label at a wake state"""
 
@@ -109,6 +111,9 @@ class SleepConfig:
     replay: float = field(default=0.0, metadata={
         "help": "replay from earlier cycles: add up to this many times this cycle's kept pairs (per track) from the "
                 "pairs earlier cycles kept, drawn by a seeded RNG (0: off)"})
+    judge_margin: float = field(default=2.0, metadata={
+        "help": "with an LM judge: least gap in its goal score (0-10) between two episodes of the same scenario and seed "
+                "for a judge-ranked pair at their first differing turn"})
     reference_pairs: Literal["off", "best", "own"] = field(default="off", metadata={
         "help": "action pairs at the states of the reference (continuation-policy) episodes too: off; best (chosen = the "
                 "best candidate by rollouts); own (chosen = the reference's own action); rejected = a candidate at least "
@@ -151,7 +156,7 @@ class Pair(BaseModel):
     """action: share of paired rollouts where chosen beats rejected; dialogue: q_chosen - q_rejected"""
     provenance: str
     evidence: dict[str, str]
-    """source of each of the episode's metrics (U, A_e, S_npc, D)"""
+    """source of each of the episode's metrics (U, A_e, S_npc, D) and of the ranking (see ``EVIDENCE_KEYS``)"""
     template_key: str
     snapshot: str | None = None
     """action track: the world just before the step (``World.snapshot_json``), for GRPO rewards"""
@@ -247,11 +252,12 @@ def _pair_id(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _evidence(ep: EpisodeRecord) -> dict[str, str]:
+def _evidence(ep: EpisodeRecord, ranking: str = "direct") -> dict[str, str]:
     m = ep.metrics
+    metrics = EVIDENCE_KEYS[:-1]
     if m is None:
-        return {k: "missing" for k in EVIDENCE_KEYS}
-    return {k: (getattr(m, k).source if getattr(m, k).value is not None else "missing") for k in EVIDENCE_KEYS}
+        return {**{k: "missing" for k in metrics}, "ranking": ranking}
+    return {**{k: (getattr(m, k).source if getattr(m, k).value is not None else "missing") for k in metrics}, "ranking": ranking}
 
 
 def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report: GatingReport) -> list[Pair]:
@@ -397,6 +403,49 @@ def dialogue_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, cfg: 
     return pairs
 
 
+def judge_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, ja: JudgeRec, jb: JudgeRec, cfg: SleepConfig,
+                report: GatingReport) -> list[Pair]:
+    """Pairs ranked by an LM judge (DESIGN §3.5): two episodes of the same scenario and seed whose
+    ``goal`` scores differ by at least ``cfg.judge_margin``, compared at their first differing turn
+    (the same prompt on both sides: the same seed and the same turns before it). The higher-judged
+    episode's turn is chosen: an action-track pair where the actions differ, else a dialogue-track
+    pair where the words do. Evidence ``ranking: proxy``: an inferred judgement ranks them, so
+    strict gating keeps them out of the action track; the dialogue track's relaxed gating admits them."""
+    if (a.scenario_id, a.seed) != (b.scenario_id, b.seed):
+        raise ValueError("judge pairs need two episodes of the same scenario and seed")
+    ga, gb = ja.scores["goal"].value, jb.scores["goal"].value
+    hi, lo, gh, gl = (a, b, ga, gb) if (ga, a.episode_id) >= (gb, b.episode_id) else (b, a, gb, ga)
+    report.candidates += 1
+    if gh - gl < cfg.judge_margin:
+        report.exclude("judge", "below_margin")
+        return []
+    for (sh, wh), sl in zip(replay(spec, hi), lo.steps):
+        same_action, same_words = sh.action.executed == sl.action.executed, sh.dialogue.utterance == sl.dialogue.utterance
+        if same_action and same_words:
+            continue
+        if sh.observation != sl.observation:
+            report.exclude("judge", "not_aligned")
+            return []
+        obs = observe(spec, wh.pub)
+        provenance = f"{ja.scores['goal'].detail}(goal {gh:g} vs {gl:g})"
+        key = f"{hi.scenario_id}:judge:{'action' if not same_action else 'say'}"
+        if same_action:
+            pair = _dialogue_pair(spec, hi, wh, sh, (sh.dialogue.utterance, sl.dialogue.utterance), (gh, gl),
+                                  (gh / 10, gl / 10), provenance, ("judge", hi.episode_id, lo.episode_id), key)
+            return [pair.model_copy(update={"evidence": _evidence(hi, ranking="proxy")})]
+        chosen = f"{belief_target(obs)}\nACTION: {sh.action.executed}"
+        rejected = f"{belief_target(obs)}\nACTION: {sl.action.executed}"
+        return [Pair(
+            id=_pair_id("judge", hi.episode_id, lo.episode_id, sh.setting.step), track="action", scenario_id=hi.scenario_id,
+            tier=hi.tier, seed=hi.seed, step=sh.setting.step, episode_id=hi.episode_id, prompt=build_messages(obs),
+            chosen=_assistant(chosen), rejected=_assistant(rejected), chosen_value=gh, rejected_value=gl,
+            quality=(gh - gl) / 10, provenance=provenance, evidence=_evidence(hi, ranking="proxy"), template_key=key,
+            snapshot=wh.snapshot_json(),
+        )]
+    report.exclude("judge", "no_difference")
+    return []
+
+
 def utterance_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report: GatingReport) -> list[Pair]:
     """Counterfactual dialogue pairs of one wake episode: at each step whose action ran as the
     policy wrote it, the policy's words vs the expert template's words for that same action.
@@ -442,18 +491,21 @@ def _score(cfg: SleepConfig, unit: tuple) -> tuple[list[Pair], GatingReport]:
     (a Ray task under ``ray``)."""
     kind, spec, *eps = unit
     report = GatingReport()
-    make = {"action": action_pairs, "reference": reference_pairs, "dialogue": dialogue_pairs, "utterance": utterance_pairs}[kind]
+    make = {"action": action_pairs, "reference": reference_pairs, "dialogue": dialogue_pairs, "utterance": utterance_pairs,
+            "judge": judge_pairs}[kind]
     return make(spec, *eps, cfg, report), report
 
 
 def candidate_pairs(specs: dict[str, ScenarioSpec], wake: Sequence[EpisodeRecord], reference: dict[tuple[str, int], EpisodeRecord],
                     cfg: SleepConfig, report: GatingReport, progress: Callable[[str, int], Callable[[Any], None]] | None = None,
-                    ray: str = "") -> list[Pair]:
+                    ray: str = "", judged: dict[str, JudgeRec] | None = None) -> list[Pair]:
     """All pairs of a wake (before screening and gating): action pairs of every episode, then
     (``cfg.reference_pairs``) action pairs at the states of every reference episode (the wake's
     seeds and any further training seeds), then dialogue pairs
     against the reference episode of the same scenario and seed, then (``cfg.utterance_pairs``)
-    counterfactual utterance pairs of every wake episode. ``progress(what, total)``, when given,
+    counterfactual utterance pairs of every wake episode, then (``judged``: an LM judge's record
+    per episode id) judge-ranked pairs of each wake episode and its reference episode (a failed
+    judgement is counted, ``judge:failed``, and pairs nothing). ``progress(what, total)``, when given,
     returns a callback ticked once per episode scored (the CLI's bars). Each (kind, episode) is
     scored apart (:func:`_score`), as a Ray task with ``ray`` (:func:`socialworld.scale.pmap`);
     the pairs and counts are the same either way."""
@@ -467,6 +519,13 @@ def candidate_pairs(specs: dict[str, ScenarioSpec], wake: Sequence[EpisodeRecord
     units += [("dialogue", specs[e.scenario_id], e, reference[(e.scenario_id, e.seed)]) for e in wake]
     if cfg.utterance_pairs:
         units += [("utterance", specs[e.scenario_id], e) for e in wake]
+    for e in wake if judged else ():
+        r = reference[(e.scenario_id, e.seed)]
+        ja, jb = judged.get(e.episode_id), judged.get(r.episode_id)  # type: ignore[union-attr]
+        if ja is None or jb is None or ja.failure or jb.failure:
+            report.exclude("judge", "failed")
+        else:
+            units.append(("judge", specs[e.scenario_id], e, r, ja, jb))
     tick = progress("sleep: scoring counterfactuals (episodes)", len(units)) if progress else None
     pairs: list[Pair] = []
     for made, part in pmap(partial(_score, cfg), units, ray=ray, tick=tick):
