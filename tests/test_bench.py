@@ -100,3 +100,21 @@ def test_bench_with_a_judge_reports_it_beside_the_rule_metrics(tiny, tmp_path):
     assert (tmp_path / "j" / "loop" / "cycle-1" / "wake" / "judge.jsonl").is_file()  # B's sleep had the judge too
     logs: list[str] = []
     assert run_bench(cfg, log=logs.append).doc == res.doc and not any("judged" in m for m in logs)
+
+
+def test_a_dead_proxy_endpoint_stops_the_bench_instead_of_scoring_arm_c(tiny, tmp_path, monkeypatch):
+    import socket
+
+    import socialworld.lm.backends as backends
+    from socialworld.evaluate import EndpointFailure
+
+    monkeypatch.setattr(backends.time, "sleep", lambda s: None)  # the retries' backoff
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    cfg = BenchConfig(out=str(tmp_path / "d"), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000,
+                      proxy=f"openai:x@http://127.0.0.1:{port}/v1")
+    with pytest.raises(EndpointFailure, match="arm C .*gave no reply on 100% of the steps.*cannot reach"):
+        run_bench(cfg, log=lambda _: None)
+    assert (tmp_path / "d" / "arms" / "C" / "failed-episodes.jsonl").is_file()
+    assert not (tmp_path / "d" / "arms" / "C" / "episodes.jsonl").exists() and not (tmp_path / "d" / "bench.json").exists()

@@ -27,8 +27,8 @@ from typing import Callable, Literal, Sequence
 
 from .judge import judge_episodes, summarise
 from .diagnostics import coverage, failure_counts
-from .evaluate import episode_seeds
-from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
+from .evaluate import EndpointFailure, episode_seeds
+from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate
 from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
 from .config import at_least, one_of
 from .scale import RAY_HELP, check_ray, pmap, ray_init, rollouts
@@ -113,6 +113,9 @@ class BenchConfig:
     scenarios: tuple[str, ...] = field(default=(), metadata={"help": (
         "scenario ids or YAML paths of your own (repeatable), instead of the preset's; each unlocks with its tier "
         "(the preset's budget stays)")})
+    max_endpoint_failures: float = field(default=0.2, metadata={"help": (
+        "an arm on an openai: endpoint (the proxy): when more than this share of its steps got no reply, the bench "
+        "stops with the endpoint's error instead of scoring it (its records kept in arms/<arm>/failed-episodes.jsonl)")})
     judge: str = field(default="", metadata={"help": (
         "an LM judge's model spec (off when empty): scores every arm's last-cycle episodes 0-10 on goal and "
         "believability, reported beside the rule metrics (source proxy), and ranks pairs in B's sleep (kept out of "
@@ -123,6 +126,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         check_ray(self.ray)
         one_of(self, "preset", tuple(PRESETS))
+        if not 0 <= self.max_endpoint_failures <= 1:
+            raise ValueError(f"max_endpoint_failures must be in [0, 1], got {self.max_endpoint_failures!r}")
         if self.judge and parse_model_spec(self.judge).kind == "scripted":
             raise ValueError(f"the judge must be a language model spec, not the scripted policy {self.judge!r}")
         one_of(self, "unlock", ("progressive", "adaptive", "fixed"))
@@ -159,7 +164,7 @@ def recorded(cfg: BenchConfig, scenarios: RunScenarios) -> BenchConfig:
     return replace(cfg, scenarios=scenarios.names if cfg.scenarios else ())
 
 
-ADDED_FIELDS = {"scenarios": [], "user_scenarios": {}, "judge": ""}
+ADDED_FIELDS = {"scenarios": [], "user_scenarios": {}, "judge": "", "max_endpoint_failures": 0.2}
 """Config fields added after bench runs were written (see ``socialworld.loop.ADDED_FIELDS``)."""
 
 
@@ -206,7 +211,16 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
         def evaluate_arm(p: Path, spec: str = spec, arm: str = arm) -> None:
             tick = progress(f"arm {arm} ({spec})", len(jobs)) if progress else None
             lm = {} if spec in SCRIPTED else {"batch_size": cfg.lm_batch_size}
-            write_jsonl(p, rollouts(spec, jobs, ray=cfg.ray, seed=cfg.seed, tick=tick, **lm))
+            eps = rollouts(spec, jobs, ray=cfg.ray, seed=cfg.seed, tick=tick, **lm)
+            failed = aggregate(eps).endpoint_failure_rate
+            if failed > cfg.max_endpoint_failures:  # a dead endpoint's scores would only measure the endpoint
+                kept = p.parent.parent / "failed-episodes.jsonl"  # p is inside the artifact's temporary folder
+                write_jsonl(kept, eps)
+                first = next((s.action.error for e in eps for s in e.steps if s.action.failure == "endpoint"), "")
+                raise EndpointFailure(f"arm {arm} ({spec}): the endpoint gave no reply on {failed:.0%} of the steps (more than "
+                                      f"max_endpoint_failures {cfg.max_endpoint_failures:g}; the first error: {first}); "
+                                      f"not scored; its records are in {kept}; rerun to retry the arm")
+            write_jsonl(p, eps)
 
         if run.produce(rel, f"eval:{spec}", evaluate_arm):
             log(f"arm {arm} ({spec}): evaluated {len(jobs)} episodes")

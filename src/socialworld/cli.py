@@ -500,6 +500,7 @@ def bench_cmd(
     scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=help_for(_BenchConfig(), "scenarios")),
     ray: str = typer.Option("", help=help_for(_BenchConfig(), "ray")),
     judge: str = typer.Option("", help=help_for(_BenchConfig(), "judge")),
+    max_endpoint_failures: float = typer.Option(0.2, help=help_for(_BenchConfig(), "max_endpoint_failures")),
     suite: str = typer.Option("main", help="main (arms A, B, C and references), methods (M0-M4) or ablations (E0-E6)"),
 ) -> None:
     """ASCENT-Bench: arms A (untrained), B (closed loop), C (proxy or expert), oracle and random
@@ -511,7 +512,7 @@ def bench_cmd(
     try:
         cfg = BenchConfig(out=out, model=model, preset=preset, proxy=proxy, unlock=unlock,  # type: ignore[arg-type]
                           adaptive_threshold=adaptive_threshold, cycles=cycles, seed=seed, scenarios=tuple(scenario or ()), ray=ray,
-                          judge=judge)
+                          judge=judge, max_endpoint_failures=max_endpoint_failures)
     except ValueError as err:
         _fail(str(err))
     if suite not in SUITES and suite != "main":
