@@ -23,6 +23,16 @@ from .constrained import Choice, Forced, Free, Segment
 from .prompts import build_messages, parse_output
 
 
+SAY_TOKENS = 24
+"""Most tokens of a constrained reply's SAY line. The expert's template sentences, which the
+dialogue track teaches, take 14-20 tokens of the bundled model (propose at most 24, negotiate 27
+at the median). At 8 a trained policy said "How about escape_room for the next", whose
+``q_t`` (0.59) lacks the address and the polite close ("..., everyone? Would that work for
+you?": 0.94); with ``DIALOGUE_W`` that costs borderline acceptances. The same adapters (run r2,
+cycle 3) passed 2 of 6 first-tier evaluation episodes at 8 tokens and 4 of 6 at 20; decoding the
+second and third tiers took 12% longer (docs/experiments/2026-11-24-say-tokens.md)."""
+
+
 def focus(obs: Observation) -> str | None:
     """The NPC whose mental state the reply re-estimates: whoever spoke last (new evidence),
     else present NPCs in turn by step."""
@@ -90,7 +100,7 @@ def merge(old: MentalState | None, new: MentalState | None) -> MentalState | Non
 class LMPolicy:
     def __init__(self, backend: Backend, prompt_version: str = POLICY_PROMPT_VERSION, base_model: str | None = None,
                  adapter_hash: str | None = None, decoding: Literal["free", "constrained"] = "free",
-                 say_tokens: int = 8, adapters: tuple[str, str] | None = None):
+                 say_tokens: int = SAY_TOKENS, adapters: tuple[str, str] | None = None):
         if decoding == "constrained" and not hasattr(backend, "constrained"):
             raise ValueError(f"backend {backend.name} cannot decode under a grammar; use decoding='free'")
         self.backend = backend
