@@ -119,6 +119,7 @@ class ScriptedWorldModelBackend:
     or writes garbage."""
 
     name = "scripted-wm"
+    local = False
 
     def __init__(self, garbage=False):
         self.garbage = garbage

@@ -100,3 +100,15 @@ def test_eval_with_a_judge_keeps_the_rule_metrics_as_they_are(tmp_path, tiny_dir
     assert len(recs) == 2 and not (tmp_path / "a" / "judge.jsonl").exists()
     bad = runner.invoke(app, [*args, "--out", str(tmp_path / "c"), "--judge", "expert"])
     assert bad.exit_code == 2 and "judge must be a language model" in bad.output
+
+
+def test_a_judgement_whose_endpoint_mostly_failed_is_not_kept():
+    from socialworld.evaluate import EndpointFailure
+    from socialworld.judge import checked_judgement
+    from socialworld.records import JudgeRec
+
+    rec = lambda f: JudgeRec(episode_id="e", judge="j", prompt_version="judge-v1", scores={}, raw="",  # noqa: E731
+                             failure=f, error="cannot reach x" if f else None)
+    assert checked_judgement("j", [rec(None), rec("endpoint")], 0.5) == [rec(None), rec("endpoint")]
+    with pytest.raises(EndpointFailure, match="no reply on 2 of 3 episodes.*cannot reach x"):
+        checked_judgement("j", [rec(None), rec("endpoint"), rec("endpoint")], 0.5)

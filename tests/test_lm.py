@@ -759,3 +759,41 @@ def test_export_merges_the_action_adapter_into_a_plain_model_folder(tiny_dir, tm
     assert exported.text == trained.text and not (tmp_path / "m" / "adapter_config.json").exists()
     res = CliRunner().invoke(app, ["export", "--policy", f"{tiny_dir}+{loop}", "--out", str(tmp_path / "m")])
     assert res.exit_code == 2 and "exists" in res.output
+
+
+def test_model_spec_edge_cases(tiny_dir, tmp_path):
+    from socialworld.lm.models import ModelSpec, with_adapters
+    from socialworld.testing import random_adapter
+
+    plus = tmp_path / "my+model"
+    plus.symlink_to(tiny_dir, target_is_directory=True)
+    assert parse_model_spec(str(plus)) == ModelSpec("hf", str(plus))  # a folder, "+" in its name or not
+    a = random_adapter(tiny_dir, tmp_path / "a")
+    for bad in ("bundled+", f"+{a}"):
+        with pytest.raises(ValueError, match="both parts"):
+            parse_model_spec(bad)
+    with pytest.raises(ValueError, match="endpoint"):
+        with_adapters("openai:m@http://127.0.0.1:9/v1", str(a))
+    assert parse_model_spec("HuggingFaceTB/SmolLM2-135M-Instruct").kind == "hf"
+
+
+def test_adapters_trained_before_portable_bases_still_name_the_bundled_model(tiny_dir, tmp_path, monkeypatch):
+    from socialworld.lm.models import adapter_base, find_adapters
+    from socialworld.testing import random_adapter
+
+    monkeypatch.setenv("SOCIALWORLD_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "smollm2-135m-instruct").mkdir(parents=True)
+    run = tmp_path / "run"
+    random_adapter(tiny_dir, run / "cycle-1/train/action/adapter", base_name=str(tmp_path / "cache" / "smollm2-135m-instruct"))
+    random_adapter(tiny_dir, run / "cycle-2/train/dialogue/adapter", base_name="bundled")
+    assert adapter_base(find_adapters(run), run) == "bundled"
+
+
+def test_a_trained_world_model_is_not_shared_with_a_trained_policy(tiny_dir, tmp_path):
+    from socialworld.foresee import make_world_model
+
+    loop = _loop_layout(tmp_path / "run", tiny_dir)
+    trained = make_policy(f"{tiny_dir}+{loop}", max_new_tokens=8)
+    plain = make_policy(str(tiny_dir), max_new_tokens=8)
+    assert make_world_model(str(tiny_dir), trained).backend is not trained.backend  # the base, not the trained model
+    assert make_world_model(str(tiny_dir), plain).backend is plain.backend  # the same model: loaded once

@@ -309,16 +309,28 @@ def test_a_loop_with_a_judge_keeps_its_pairs_out_of_the_action_track(tmp_path):
     from socialworld.records import read_jsonl
     from socialworld.sleep import read_pairs
 
+    from socialworld.sleep import GatingReport, candidate_pairs
+    from socialworld.spec import load_builtin_scenarios
+
     tiny_dir = tiny_lm(tmp_path / "tiny")
     cfg = replace(_cfg(tiny_dir, tmp_path / "j"), cycles=1, judge=str(tiny_dir),
-                  sleep=replace(_cfg(tiny_dir, "x").sleep, judge_margin=0.0))
+                  sleep=replace(_cfg(tiny_dir, "x").sleep, judge_margin=0.5))
     run_loop(cfg, log=lambda _: None)
-    judged = read_judged(tmp_path / "j" / "cycle-1" / "wake" / "judge.jsonl")
-    wake = read_jsonl(tmp_path / "j" / "cycle-1" / "wake" / "episodes.jsonl")
-    assert {e.episode_id for e in wake} <= set(judged) and all(r.judge == str(tiny_dir) for r in judged.values())
-    gating = json.loads((tmp_path / "j" / "cycle-1" / "sleep" / "gating.json").read_text())
-    ranked = sum(v for k, v in gating["excluded"].items() if k.startswith("judge:")) + gating["excluded"].get("action:proxy_evidence", 0)
-    assert ranked >= 1  # every judged wake episode was ranked against its reference, and each outcome counted
-    pairs = [p for t in ("action", "dialogue") for p in read_pairs(tmp_path / "j" / "cycle-1" / "sleep" / f"pairs-{t}.parquet")]
+    d = tmp_path / "j" / "cycle-1"
+    judged = read_judged(d / "wake" / "judge.jsonl")
+    wake, ref = read_jsonl(d / "wake" / "episodes.jsonl"), read_jsonl(d / "wake" / "reference.jsonl")
+    assert set(judged) == {e.episode_id for e in [*wake, *ref]} and all(r.judge == str(tiny_dir) for r in judged.values())
+    # every wake episode was ranked against its reference: a pair, or a counted reason for none
+    report = GatingReport()
+    made = candidate_pairs(load_builtin_scenarios(), wake, {(e.scenario_id, e.seed): e for e in ref}, cfg.sleep, report,
+                           judged=judged)
+    ranked = [p for p in made if p.evidence["ranking"] == "proxy"]
+    assert len(ranked) + sum(v for k, v in report.excluded.items() if k.startswith("judge:")) == len(wake)
+    pairs = [p for t in ("action", "dialogue") for p in read_pairs(d / "sleep" / f"pairs-{t}.parquet")]
     assert not any(p.track == "action" and p.evidence["ranking"] == "proxy" for p in pairs)
-    assert run_loop(cfg, log=lambda _: None)  # resumes: the judgement is not redone
+    gating = json.loads((d / "sleep" / "gating.json").read_text())
+    assert gating["excluded"].get("action:proxy_evidence", 0) == sum(
+        1 for p in ranked if p.track == "action")  # none slipped in; each counted
+    logs: list[str] = []
+    run_loop(cfg, log=logs.append)
+    assert not any("judged" in m for m in logs)  # resumed: the judgement is not redone

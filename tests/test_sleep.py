@@ -326,3 +326,18 @@ def test_candidate_pairs_take_judged_episodes_and_count_failed_judgements(lunch,
     pairs = candidate_pairs({lunch.id: lunch}, wake, refs, SleepConfig(utterance_pairs=False), report, judged=judged)
     ranked = [p for p in pairs if p.evidence["ranking"] == "proxy"]
     assert len(ranked) == 1 and ranked[0].seed == wake[0].seed and report.excluded["judge:failed"] == 1
+
+
+def test_pairs_written_before_the_ranking_evidence_read_as_simulator_ranked(lunch, random_eps, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pairs = action_pairs(lunch, random_eps[0], SleepConfig(), GatingReport())[:2]
+    write_pairs(tmp_path / "new.parquet", pairs)
+    t = pq.read_table(tmp_path / "new.parquet")
+    old_evidence = pa.array([{k: v for k, v in e.items() if k != "ranking"} for e in t.column("evidence").to_pylist()],
+                            type=pa.struct([(k, pa.string()) for k in ("U", "A_e", "S_npc", "D")]))
+    pq.write_table(t.set_column(t.schema.get_field_index("evidence"), "evidence", old_evidence), tmp_path / "old.parquet")
+    assert read_pairs(tmp_path / "old.parquet") == pairs  # the ranking they did not record was the simulator's
+    with pytest.raises(ValueError, match="judge_margin"):
+        SleepConfig(judge_margin=0.0)

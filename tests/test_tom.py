@@ -77,6 +77,7 @@ class FlakyParser:
     """Invalid JSON first, then a schema error, then the scripted parse: exercises the retry loop."""
 
     name = "flaky"
+    local = False
 
     def __init__(self):
         self.seen: list[list[dict]] = []
@@ -111,6 +112,7 @@ def test_parser_feeds_errors_back_and_counts_attempts():
 
 class ErrorBackend:
     name = "down"
+    local = False
 
     def complete(self, conversations):
         return [Completion("", error="connection refused") for _ in conversations]

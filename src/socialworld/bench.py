@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
-from .judge import judge_episodes, summarise
+from .judge import checked_judgement, judge_episodes, summarise
 from .diagnostics import coverage, failure_counts
 from .evaluate import EndpointFailure, episode_seeds
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate
@@ -132,8 +132,10 @@ class BenchConfig:
             raise ValueError(f"the judge must be a language model spec, not the scripted policy {self.judge!r}")
         one_of(self, "unlock", ("progressive", "adaptive", "fixed"))
         at_least(self, 1, "cycles", "lm_batch_size", "resamples")
-        if parse_model_spec(self.model).kind not in ("bundled", "hf"):  # before the run folder holds a typo
-            raise ValueError(f"arms A and B train a local model: model must be bundled or a model folder, got {self.model!r}")
+        ms = parse_model_spec(self.model)  # before the run folder holds a typo
+        if ms.kind not in ("bundled", "hf") or ms.adapters:
+            raise ValueError(f"arms A and B train a local model: model must be bundled or a model folder (without adapters), "
+                             f"got {self.model!r}")
         if self.proxy and parse_model_spec(self.proxy).kind not in ("scripted", "openai") and self.ray:  # parsed: a typo fails now
             raise ValueError(f"--ray spreads scripted and openai: policies; the proxy {self.proxy!r} is a local model")
 
@@ -164,7 +166,7 @@ def recorded(cfg: BenchConfig, scenarios: RunScenarios) -> BenchConfig:
     return replace(cfg, scenarios=scenarios.names if cfg.scenarios else ())
 
 
-ADDED_FIELDS = {"scenarios": [], "user_scenarios": {}, "judge": "", "max_endpoint_failures": 0.2}
+ADDED_FIELDS = {"scenarios": [], "user_scenarios": {}, "judge": ""}
 """Config fields added after bench runs were written (see ``socialworld.loop.ADDED_FIELDS``)."""
 
 
@@ -255,8 +257,12 @@ def _judge_arms(cfg: BenchConfig, run: RunDir, last: dict[str, list[EpisodeRecor
     out = {}
     for arm, eps in last.items():
         rel = f"judge/{arm}.jsonl"
+        # the arms this folder made are its inputs; A and B come from the loop's folder, whose
+        # evaluations a resumed bench never remakes
+        inputs = [f"arms/{arm}/episodes.jsonl"] if run.complete(f"arms/{arm}/episodes.jsonl") else []
         if run.produce(rel, f"judge:{cfg.judge}", lambda p, eps=eps: atomic_write_text(p, "".join(
-                record_json(r) + "\n" for r in judge_episodes(cfg.judge, eps, specs, batch_size=cfg.lm_batch_size)))):
+                record_json(r) + "\n" for r in checked_judgement(cfg.judge, judge_episodes(
+                    cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), cfg.max_endpoint_failures))), inputs=inputs):
             log(f"arm {arm}: judged {len(eps)} last-cycle episodes with {cfg.judge}")
         out[arm] = list(read_judged(run.path(rel)).values())
     return out

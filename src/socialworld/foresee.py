@@ -211,7 +211,7 @@ class LMWorldModel:
 
         convs = [foresee_messages(o, a) for o, a in zip(observations, actions)]
         presents = [[n.id for n in o.npcs if n.present] for o in observations]
-        if hasattr(self.backend, "constrained"):
+        if self.backend.local:
             progs = []
             for o, a, present in zip(observations, actions, presents):
                 stances = STANCES if a.slot is not None else ("undecided", "leaves")
@@ -362,7 +362,10 @@ def make_world_model(spec: str, policy: Any = None, batch_size: int = 12) -> Wor
     from .lm import make_backend, parse_model_spec
 
     backend = getattr(policy, "backend", None)
-    if backend is None or getattr(policy, "policy_id", None) != parse_model_spec(spec).display:
+    ms = parse_model_spec(spec)
+    same = (getattr(policy, "policy_id", None) == ms.display and not ms.adapters
+            and getattr(policy, "adapter_hash", None) is None)  # a trained policy's model is not the base
+    if backend is None or not same:
         backend = make_backend(spec, batch_size=batch_size)
     return LMWorldModel(backend)
 

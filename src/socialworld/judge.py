@@ -78,8 +78,7 @@ def judge_episodes(judge: str, episodes: Sequence[EpisodeRecord], specs: dict[st
     if backend is None:
         backend = make_backend(judge, max_new_tokens=24, batch_size=batch_size, timeout_s=timeout_s)
     convs = [judge_messages(specs[ep.scenario_id], ep) for ep in episodes]
-    local = hasattr(backend, "model")
-    comps = backend.constrained(convs, [judge_program()] * len(convs)) if local else backend.complete(convs)
+    comps = backend.constrained(convs, [judge_program()] * len(convs)) if backend.local else backend.complete(convs)
     detail = f"llm_judge:{judge}"
     out = []
     for ep, c in zip(episodes, comps):
@@ -97,6 +96,19 @@ def judge_episodes(judge: str, episodes: Sequence[EpisodeRecord], specs: dict[st
                             scores={d: Signal(value=float(v), source="proxy", confidence=1.0, detail=detail)
                                     for d, v in scores.items()}))
     return out
+
+
+def checked_judgement(judge: str, recs: list[JudgeRec], max_endpoint_failures: float) -> list[JudgeRec]:
+    """``recs``, unless the judge's endpoint gave no reply on more than ``max_endpoint_failures`` of
+    them: then an :class:`~socialworld.evaluate.EndpointFailure` with its first error (a run keeps
+    no judgement that only measured a dead endpoint, and retries it when rerun)."""
+    from .evaluate import EndpointFailure
+
+    failed = [r for r in recs if r.failure == "endpoint"]
+    if recs and len(failed) / len(recs) > max_endpoint_failures:
+        raise EndpointFailure(f"the judge {judge} gave no reply on {len(failed)} of {len(recs)} episodes (more than "
+                              f"max_endpoint_failures {max_endpoint_failures:g}; the first error: {failed[0].error})")
+    return recs
 
 
 @dataclass(frozen=True)

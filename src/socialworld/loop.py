@@ -38,7 +38,7 @@ from .evaluate import episode_seeds
 from .config import at_least
 from .scale import RAY_HELP, check_ray, ray_init, rollouts
 from .lm.models import parse_model_spec
-from .judge import judge_episodes
+from .judge import checked_judgement, judge_episodes
 from .lifelong import next_unlocked, progressive_schedule
 from .metrics import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
 from .policies import make_policy
@@ -49,8 +49,12 @@ from .runner import EpisodeJob, per_turn, run_episodes, turn_budget
 from .sleep import GatingReport, SleepConfig, add_replay, candidate_pairs, read_pairs, screen_and_gate, write_pairs
 from .spec import SCENARIO_STORE, RunScenarios, ScenarioError, capped, resolve_scenarios, run_scenarios, spec_yaml
 from .stats import paired_difference
+from .lm.policy import SAY_TOKENS
 from .templates import POLICY_PROMPT_VERSION
 from .train import TrainConfig, grpo_rows, train_adapter
+
+JUDGE_MAX_ENDPOINT_FAILURES = 0.2
+"""the loop stops (and retries when rerun) when its judge's endpoint gave no reply on more than this share of episodes"""
 
 TRACKS = ("action", "dialogue")
 COMPARED = ("pass", "solve", "D", "CR", "U", "A_e", "S_npc")
@@ -100,8 +104,10 @@ class LoopConfig:
             raise ValueError(f"unlock must be fixed, progressive or adaptive, got {self.unlock!r}")
         at_least(self, 1, "cycles", "train_episodes", "eval_episodes", "lm_batch_size")
         check_ray(self.ray)
-        if parse_model_spec(self.model).kind not in ("bundled", "hf"):  # before the run folder holds a typo
-            raise ValueError(f"the loop trains a local model: model must be bundled or a model folder, got {self.model!r}")
+        ms = parse_model_spec(self.model)  # before the run folder holds a typo
+        if ms.kind not in ("bundled", "hf") or ms.adapters:
+            raise ValueError(f"the loop trains a local model: model must be bundled or a model folder (without adapters), "
+                             f"got {self.model!r}")
         at_least(self, 0, "reference_episodes", "dialogue_steps")
         if self.judge and parse_model_spec(self.judge).kind == "scripted":
             raise ValueError(f"the judge must be a language model spec, not the scripted policy {self.judge!r}")
@@ -129,8 +135,10 @@ before it: a stored config without one resumes as if it had that value. (Not eve
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""
 
 
-EXECUTION_FIELDS = ("ray",)
-"""config fields that change how a run executes, never its artifacts: left out of ``config.yaml``"""
+EXECUTION_FIELDS = ("ray", "max_endpoint_failures")
+"""config fields that change how a run executes, never its artifacts: left out of ``config.yaml``
+(``max_endpoint_failures`` decides whether an endpoint's arm is scored at all, so a rerun may
+loosen it)"""
 
 
 def config_doc(cfg, user_scenarios: dict[str, str]) -> dict:
@@ -174,10 +182,14 @@ def _reuse(run: RunDir, cfg: LoopConfig, mine: dict) -> None:
             line = f.readline()
         first = record_from_json(EpisodeRecord, line) if line.strip() else None
         require_contract([first] if first is not None else [], f"--reuse-from {cfg.reuse_from}: {rel}")
-        prompt = first.steps[0].policy.decoding.get("prompt") if first is not None and first.steps else None
+        decoding = first.steps[0].policy.decoding if first is not None and first.steps else {}
+        prompt = decoding.get("prompt")
         if prompt not in (None, POLICY_PROMPT_VERSION):
             raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} was made under prompt {prompt}, this code "
                              f"prompts with {POLICY_PROMPT_VERSION}, so its artifacts are not the same data")
+        if decoding.get("mode") == "constrained" and decoding.get("say_tokens") != SAY_TOKENS:
+            raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} was decoded with SAY lines of {decoding.get('say_tokens')} "
+                             f"tokens, this code decodes {SAY_TOKENS}, so its artifacts are not the same data")
     for rel in rels:
         run.produce(rel, f"copied:{src.root}@{src.sha(rel)[:12]}", lambda p, r=rel: shutil.copyfile(src.path(r), p))
 
@@ -331,8 +343,8 @@ def _judged(cfg: LoopConfig, run: RunDir, d: str, wake: list[EpisodeRecord], ref
         return None
     eps = [*wake, *(ref[k] for k in sorted(ref))]
     if run.produce(f"{d}/wake/judge.jsonl", f"judge:{cfg.judge}",
-                   lambda p: atomic_write_text(p, "".join(record_json(r) + "\n" for r in judge_episodes(
-                       cfg.judge, eps, specs, batch_size=cfg.lm_batch_size))),
+                   lambda p: atomic_write_text(p, "".join(record_json(r) + "\n" for r in checked_judgement(
+                       cfg.judge, judge_episodes(cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), JUDGE_MAX_ENDPOINT_FAILURES))),
                    inputs=[f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl"]):
         log(f"{d}: judged {len(eps)} wake and reference episodes with {cfg.judge}")
     return read_judged(run.path(f"{d}/wake/judge.jsonl"))

@@ -128,6 +128,8 @@ class SleepConfig:
             raise ValueError(f"label_gate must be margin or disagree, got {self.label_gate!r}")
         if not self.replay >= 0:
             raise ValueError(f"replay must be >= 0, got {self.replay!r}")
+        if not self.judge_margin > 0:
+            raise ValueError(f"judge_margin must be > 0 (equal scores rank nothing), got {self.judge_margin!r}")
         if self.reference_pairs not in ("off", "best", "own"):
             raise ValueError(f"reference_pairs must be off, best or own, got {self.reference_pairs!r}")
 
@@ -645,6 +647,12 @@ def write_pairs(path: str | Path, pairs: Sequence[Pair]) -> int:
 
 
 def read_pairs(path: str | Path) -> list[Pair]:
+    """Pairs from :func:`write_pairs`' Parquet. Files written before the ``ranking`` evidence
+    existed (or their pairs, replayed into a newer file, where it reads back null) hold pairs the
+    simulator ranked: ``ranking`` is ``direct`` there."""
     rows = pq.read_table(str(path)).to_pylist()
+    for r in rows:
+        if r["evidence"].get("ranking") is None:
+            r["evidence"] = {**r["evidence"], "ranking": "direct"}
     return [Pair(**r) for r in rows]
 

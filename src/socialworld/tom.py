@@ -478,7 +478,7 @@ def answer_questions(backend, items: Sequence[tuple[Story, Question, S3APDocumen
     backends answer freely and the first container named is the answer (None if none is).
     ``tick``: called once per item answered."""
     convs = [qa_messages(s, q, d) for s, q, d in items]
-    if hasattr(backend, "constrained"):
+    if backend.local:
         from .lm.constrained import Choice
 
         programs = [[Choice("answer", tuple(s.containers))] for s, _, _ in items]

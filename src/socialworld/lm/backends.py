@@ -35,6 +35,9 @@ class Completion:
 class Backend(Protocol):
     name: str
     decoding: dict[str, Any]
+    local: bool
+    """whether the model runs here (its logits are at hand: constrained decoding of any program);
+    an endpoint constrains only where the server supports vLLM's structured outputs"""
 
     def complete(self, conversations: Sequence[Messages]) -> list[Completion]: ...
 
@@ -52,6 +55,7 @@ class HFBackend:
     decoding: dict[str, Any] = field(default_factory=dict)
     prefix_cache: PrefixCache = field(default_factory=PrefixCache)
     """KV states of system prompts; clear it (``prefix_cache.clear()``) if the weights change"""
+    local = True
 
     def __post_init__(self) -> None:
         self.decoding = {"strategy": "greedy", "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
@@ -239,6 +243,7 @@ class OpenAIBackend:
     """retries of a call answered 429 or 5xx, or refused at connection, after ``backoff_s`` doubling
     each time (a ``Retry-After`` header, up to ``MAX_RETRY_AFTER_S``, wins)"""
     backoff_s: float = 0.5
+    local = False
 
     def __post_init__(self) -> None:
         self.api_key = self.api_key or os.environ.get("SOCIALWORLD_API_KEY") or os.environ.get("OPENAI_API_KEY")
@@ -270,18 +275,19 @@ class OpenAIBackend:
                                               **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
         fail = lambda msg: Completion("", latency_s=time.perf_counter() - t0, error=msg)  # noqa: E731
         deadline = _Deadline(self.timeout_s)
-        try:
-            with deadline, _opener(deadline).open(req, timeout=self.timeout_s) as resp:
-                data = json.loads(resp.read())
-            text = _content(data["choices"][0]["message"]["content"])
-            usage = data.get("usage") or {}
-            return Completion(text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
-                              time.perf_counter() - t0), None
-        except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
-            if deadline.expired:  # whatever broke, it broke because the watchdog cut the request short
-                return fail(f"cannot reach {self.base_url}: no complete reply within {self.timeout_s:g} s ({err!r})"), None
-            msg, wait = self._classify(err)
-            return fail(msg), wait
+        with deadline:  # an error's body is read under it too
+            try:
+                with _opener(deadline).open(req, timeout=self.timeout_s) as resp:
+                    data = json.loads(resp.read())
+                text = _content(data["choices"][0]["message"]["content"])
+                usage = data.get("usage") or {}
+                return Completion(text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
+                                  time.perf_counter() - t0), None
+            except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+                if deadline.expired:  # whatever broke, it broke because the watchdog cut the request short
+                    return fail(f"cannot reach {self.base_url}: no complete reply within {self.timeout_s:g} s ({err!r})"), None
+                msg, wait = self._classify(err)
+                return fail(msg), wait
 
     def _classify(self, err: Exception) -> tuple[str, float | None]:
         """A failed request's message and, when worth a retry, the seconds to wait (see :meth:`_attempt`)."""

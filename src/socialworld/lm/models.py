@@ -61,16 +61,21 @@ def parse_model_spec(spec: str) -> ModelSpec:
         if not sep or not model or not url.startswith(("http://", "https://")):
             raise ValueError(f"openai model spec must be openai:<model>@<http(s)://base_url>, got {spec!r}")
         return ModelSpec("openai", model, url.rstrip("/"))
-    base, plus, adapters = spec.partition("+")
-    if plus or (Path(spec).is_dir() and _holds_adapters(Path(spec))):
-        if not plus:
-            base, adapters = adapter_base(find_adapters(spec), spec), spec
+    if Path(spec).is_dir():  # a folder is a folder, "+" in its name or not
+        if not _holds_adapters(Path(spec)):
+            return ModelSpec("hf", spec)
+        base, plus, adapters = adapter_base(find_adapters(spec), spec), "+", spec
+    else:
+        base, plus, adapters = spec.partition("+")
+    if plus:
+        if not base or not adapters:
+            raise ValueError(f"{spec!r}: a trained policy is <model>+<adapters folder>, both parts given")
         ms = parse_model_spec(base)
         if ms.kind not in ("bundled", "hf") or ms.adapters:
             raise ValueError(f"adapters deploy on a local model (bundled, a folder or hub id), not {base!r}, in {spec!r}")
         find_adapters(adapters)
         return ModelSpec(ms.kind, ms.name, adapters=adapters)
-    if Path(spec).is_dir() or (spec.count("/") == 1 and not spec.startswith(("/", ".")) and " " not in spec):
+    if spec.count("/") == 1 and not spec.startswith(("/", ".")) and " " not in spec:  # a hub id
         return ModelSpec("hf", spec)
     raise ValueError(
         f"unknown policy {spec!r}: use {', '.join(SCRIPTED)}, bundled, a local model folder, "
@@ -143,6 +148,7 @@ def adapter_base(adapters: dict[str, Path], where: str | Path) -> str:
             bases.add(json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path") or "")
         except (OSError, ValueError) as err:
             raise ValueError(f"cannot read {path / 'adapter_config.json'}: {err}") from None
+    bases = {portable_base(b) if b else b for b in bases}  # adapters trained before bases were named portably
     if len(bases) != 1 or not (base := bases.pop()):
         raise ValueError(f"the adapters in {where} do not name one base model: give it, e.g. --policy bundled --adapters {where}")
     if base != "bundled" and base.startswith(("/", ".")) and not Path(base).is_dir():
@@ -155,6 +161,9 @@ def with_adapters(spec: str, adapters: str) -> str:
     """``spec`` with ``adapters`` deployed on it (the ``--adapters`` option of the commands)."""
     if not adapters:
         return spec
+    if spec.startswith("openai:"):
+        raise ValueError(f"--adapters deploy on a local model; {spec!r} is an endpoint (serve the trained policy "
+                         "there, see docs/serving.md)")
     if "+" in spec:
         raise ValueError(f"{spec!r} already names adapters; drop --adapters or the +<folder> part")
     return f"{spec}+{adapters}"

@@ -116,7 +116,8 @@ class LMPolicy:
     def info(self) -> PolicyRec:
         return PolicyRec(policy_id=self.policy_id, base_model=self.base_model, adapter_hash=self.adapter_hash,
                          decoding={**self.backend.decoding, "prompt": self.prompt_version, "mode": self.decoding,
-                                   **({"say_tokens": self.say_tokens} if self.decoding == "constrained" else {})})
+                                   **({"say_tokens": self.say_tokens} if self.decoding == "constrained" and self.backend.local
+                                      else {})})
 
     def reset(self, episode_keys: Sequence[str]) -> None:
         for k in episode_keys:

@@ -130,13 +130,19 @@ class HFGenerate:
     """:class:`Generate` for a transformers causal LM (left-padded batches, the model's own sampling)."""
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
+        import threading
+
         self.model, self.tokenizer = model, tokenizer
+        self._tok_lock = threading.Lock()
+        """a fast tokenizer is not safe across threads ("Already borrowed"): the event loop counts
+        prompts while the worker thread encodes and decodes a batch"""
 
     def prompt(self, messages: list[dict[str, str]]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def count(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        with self._tok_lock:
+            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def __call__(self, jobs: Sequence[Job], should_stop: Callable[[], bool]) -> list[Generated]:
         import torch
@@ -147,7 +153,8 @@ class HFGenerate:
                 return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool)
 
         tok, s = self.tokenizer, jobs[0].sampling
-        enc = tok([j.prompt for j in jobs], return_tensors="pt", padding=True, add_special_tokens=False)
+        with self._tok_lock:
+            enc = tok([j.prompt for j in jobs], return_tensors="pt", padding=True, add_special_tokens=False)
         sample = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p} if not s.greedy else \
             {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         with torch.inference_mode(), torch.random.fork_rng(devices=[]):
@@ -162,7 +169,8 @@ class HFGenerate:
             ids = out[i, width:].tolist()[: job.max_tokens]
             ended = tok.eos_token_id in ids
             ids = ids[: ids.index(tok.eos_token_id)] if ended else ids
-            text, stopped = cut_at_stop(tok.decode(ids, skip_special_tokens=True), job.stops)
+            with self._tok_lock:
+                text, stopped = cut_at_stop(tok.decode(ids, skip_special_tokens=True), job.stops)
             n_out = self.count(text) if stopped else len(ids)
             results.append(Generated(text, int(enc["attention_mask"][i].sum()), n_out,
                                      "stop" if ended or stopped else "length"))
