@@ -13,19 +13,8 @@ generated tokens per second, the mean latency, and the ratio.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import threading
 import time
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
-    except OSError:
-        name = platform.processor()
-    return f"{name}, {os.cpu_count()} CPUs"
 
 
 def _prompts() -> list[list[dict[str, str]]]:
@@ -71,13 +60,14 @@ def main() -> None:
     args = ap.parse_args()
 
     from socialworld.lm import make_backend
+    from socialworld.lm.models import cpu_description
     from socialworld.lm.server import HFGenerate, make_app
     from socialworld.testing import serving
 
     backend = make_backend(args.model, max_new_tokens=args.max_tokens)
     gen = HFGenerate(backend.model, backend.tokenizer)
     convs = _prompts()
-    print(f"CPU: {_cpu()}; model {args.model} ({backend.decoding['dtype']}); {args.clients} clients x {args.requests} "
+    print(f"CPU: {cpu_description()}; model {args.model} ({backend.decoding['dtype']}); {args.clients} clients x {args.requests} "
           f"requests, {args.max_tokens} new tokens each, greedy")
     n = args.clients * args.requests
     rates = {}

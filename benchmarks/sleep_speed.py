@@ -20,8 +20,6 @@ expert reference episodes per scenario, the default preset's sleep, a local Ray 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import time
 from collections import defaultdict
 
@@ -29,19 +27,11 @@ from socialworld import sleep
 from socialworld.bench import PRESETS, RECIPE_SLEEP
 from socialworld.policies import make_policy
 from socialworld.runner import EpisodeJob, run_episodes
+from socialworld.lm.models import cpu_description
 from socialworld.sleep import GatingReport, candidate_pairs, screen_and_gate
 from socialworld.spec import resolve_scenarios
 
 KINDS = ("action", "reference", "dialogue", "utterance")
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
-    except OSError:
-        name = platform.processor()
-    return f"{name}, {os.cpu_count()} CPUs"
 
 
 def main() -> None:
@@ -61,7 +51,7 @@ def main() -> None:
     refs = {(e.scenario_id, e.seed): e for e in run_episodes(make_policy("expert"),
                                                              [EpisodeJob(s, x) for s in specs for x in seeds[s.id]])}
     cfg = RECIPE_SLEEP
-    print(f"CPU: {_cpu()}")
+    print(f"CPU: {cpu_description()}")
     print(f"{len(wake)} wake episodes ({sum(len(e.steps) for e in wake)} steps), {len(refs)} reference episodes "
           f"({sum(len(e.steps) for e in refs.values())} steps); {cfg.provenance}, <= {cfg.max_candidates} candidates/step")
 

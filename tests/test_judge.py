@@ -3,7 +3,6 @@
 import json
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -50,31 +49,18 @@ def test_a_local_judge_always_answers_in_the_grammar(specs, tiny_dir):
 def test_judge_failures_are_counted_apart_and_never_scored(specs):
     from socialworld.judge import judge_episodes
 
+    from socialworld.testing import stub_endpoint
+
     replies = iter([(200, "GOAL: 8\nBELIEVABILITY: 6"), (200, "I think it went well."), (400, "bad model")])
     lock = threading.Lock()
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
+    def reply(req, headers):
+        with lock:
+            code, text = next(replies)
+        return code, {}, {"choices": [{"message": {"content": text}}]} if code == 200 else {"error": {"message": text}}
 
-        def do_POST(self):  # noqa: N802
-            self.rfile.read(int(self.headers["Content-Length"]))
-            with lock:
-                code, text = next(replies)
-            body = json.dumps({"choices": [{"message": {"content": text}}]} if code == 200 else {"error": {"message": text}}).encode()
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        judge = f"openai:j@http://127.0.0.1:{srv.server_address[1]}/v1"
-        recs = judge_episodes(judge, _episodes(specs), specs, batch_size=1)
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with stub_endpoint(reply) as url:
+        recs = judge_episodes(f"openai:j@{url}", _episodes(specs), specs, batch_size=1)
     assert [r.failure for r in recs] == [None, "unparseable", "endpoint"]
     assert recs[1].scores == {} and recs[1].raw == "I think it went well." and "bad model" in recs[2].error
     s = summarise(recs)

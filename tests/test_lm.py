@@ -515,26 +515,15 @@ def test_the_client_retries_429_and_5xx_and_keeps_the_servers_message():
     script = [(429, {"Retry-After": "0"}, b'{"error": {"message": "slow down"}}'), (503, {}, b"busy"),
               (200, {}, b'{"choices": [{"message": {"content": "ACTION: end()"}}]}')]
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
+    from socialworld.testing import stub_endpoint
 
-        def do_POST(self):  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            auth = self.headers.get("Authorization")
-            code, headers, body = (401, {}, b'{"error": {"message": "bad key"}}') if auth == "Bearer wrong" else script[len(calls)]
-            calls.append(code)
-            self.send_response(code)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def reply(req, headers):
+        code, extra, body = (401, {}, b'{"error": {"message": "bad key"}}') if headers.get("Authorization") == "Bearer wrong" \
+            else script[len(calls)]
+        calls.append(code)
+        return code, extra, body
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    with stub_endpoint(reply) as url:
         c = OpenAIBackend("x", url, backoff_s=0.01).complete([[{"role": "user", "content": "hi"}]])[0]
         assert c.error is None and c.text == "ACTION: end()" and calls == [429, 503, 200]
         calls.clear()
@@ -544,9 +533,6 @@ def test_the_client_retries_429_and_5xx_and_keeps_the_servers_message():
         script[:] = [(500, {}, b'{"error": {"message": "it broke"}}')] * 3
         c = OpenAIBackend("x", url, backoff_s=0.01).complete([[{"role": "user", "content": "hi"}]])[0]
         assert calls == [500] * 3 and c.error == f"HTTP 500 from {url}: it broke (after 3 attempts)"
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 # ------------------------------------------------------------------ trained policies: base + a run's adapters
@@ -713,35 +699,22 @@ def test_constrained_decoding_on_an_endpoint_sends_the_grammar_to_the_server(spe
     in vLLM's ``structured_outputs`` field; a fake server answers with a reply the pattern allows."""
     import re
 
+    from socialworld.testing import stub_endpoint
+
     seen: list[dict] = []
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
+    def reply(req, headers):
+        seen.append(req)
+        text = _first_match(req["structured_outputs"]["regex"])  # a reply vLLM could return under the pattern
+        assert re.fullmatch(req["structured_outputs"]["regex"], text), text
+        return 200, {}, {"choices": [{"message": {"content": text}}], "usage": {"prompt_tokens": 5, "completion_tokens": 9}}
 
-        def do_POST(self):  # noqa: N802
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(req)
-            text = _first_match(req["structured_outputs"]["regex"])  # a reply vLLM could return under the pattern
-            assert re.fullmatch(req["structured_outputs"]["regex"], text), text
-            body = json.dumps({"choices": [{"message": {"content": text}}], "usage": {"prompt_tokens": 5, "completion_tokens": 9}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    with stub_endpoint(reply) as url:
         pol = make_policy(f"openai:m@{url}", decoding="constrained", max_new_tokens=16)
         ep = run_episodes(pol, [EpisodeJob(specs["team_lunch-v1"], 0)])[0]
         assert ep.steps and all(s.action.parse_status == "ok" for s in ep.steps)
         assert ep.steps[0].policy.decoding["mode"] == "constrained" and len(seen) == len(ep.steps)
         assert make_policy(f"openai:m@{url}").decoding == "free"  # auto: a server may not know the field
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_export_merges_the_action_adapter_into_a_plain_model_folder(tiny_dir, tmp_path):

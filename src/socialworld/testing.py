@@ -198,3 +198,37 @@ def serving(app):
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+@contextmanager
+def stub_endpoint(reply):
+    """A local stand-in for an OpenAI-compatible endpoint, on a free port in a background thread.
+    ``reply(request, headers)`` gets each POST's JSON body and its headers and returns ``(status,
+    extra response headers, body)``, the body a dict (sent as JSON) or bytes. Yields the
+    ``http://127.0.0.1:<port>/v1`` base URL."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def do_POST(self):  # noqa: N802
+            request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
+            code, headers, body = reply(request, self.headers)
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(code)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -192,24 +192,24 @@ class _Deadline:
                 pass
 
 
-class _HTTP(http.client.HTTPConnection):
+class _Watched:
+    """A connection that hands its socket to a :class:`_Deadline` once connected."""
+
     def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         self._deadline = deadline
 
     def connect(self) -> None:
-        super().connect()
-        self._deadline.watch(self.sock)
+        super().connect()  # type: ignore[misc]
+        self._deadline.watch(self.sock)  # type: ignore[attr-defined]
 
 
-class _HTTPS(http.client.HTTPSConnection):
-    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._deadline = deadline
+class _HTTP(_Watched, http.client.HTTPConnection):
+    pass
 
-    def connect(self) -> None:
-        super().connect()
-        self._deadline.watch(self.sock)
+
+class _HTTPS(_Watched, http.client.HTTPSConnection):
+    pass
 
 
 def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:

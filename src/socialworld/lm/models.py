@@ -233,6 +233,24 @@ def auto_dtype() -> str:
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 
 
+def cpu_description() -> str:
+    """This machine's CPU for a measurement's record: model name, CPU count and its native bf16
+    instructions (what :func:`auto_dtype` decides by), e.g. ``AMD EPYC, 2 CPUs, native bf16: avx512_bf16``."""
+    import platform
+
+    name, flags = platform.processor(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and name in ("", "x86_64"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    bf16 = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    return f"{name or 'unknown CPU'}, {os.cpu_count()} CPUs, native bf16: {', '.join(bf16) or 'none'}"
+
+
 def load_hf(name_or_path: str | Path, dtype: str = "auto"):
     """Load a causal LM and its tokenizer (left padding, a pad token) for batched generation."""
     import torch
