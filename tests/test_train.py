@@ -128,3 +128,19 @@ def test_adapter_hash_is_the_same_across_processes_and_hash_seeds(tiny_dir, pair
 
     assert sha256_path(tmp_path / "a1") == sha256_path(tmp_path / "a2")
     assert not [p for p in tmp_path.iterdir() if "trainer" in p.name]  # the trainer's scratch is gone
+
+
+@slow
+def test_an_adapter_naming_the_bundled_base_trains_on_without_a_hub_lookup(tiny_dir, pairs, tmp_path):
+    """Adapters name the bundled base ``bundled``; resuming one and saving it must not ask the
+    Hugging Face hub about a repository called "bundled" (PEFT's embedding check would)."""
+    import warnings
+
+    from socialworld.testing import random_adapter
+
+    random_adapter(tiny_dir, tmp_path / "a0", base_name="bundled")
+    cfg = TrainConfig(method="sft", steps=1, batch_size=2, max_length=512)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        train_adapter(tiny_dir, tmp_path / "a1", cfg, pairs=pairs, resume_from=tmp_path / "a0")
+    assert not [w for w in seen if "bundled" in str(w.message) and ("remote" in str(w.message) or "config" in str(w.message))]

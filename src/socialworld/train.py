@@ -272,8 +272,10 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
     trainer.train()
     train_seconds = time.perf_counter() - t1
     losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
-    # the adapter alone (config + weights): no training_args.bin, whose pickled paths differ per run
-    trainer.model.save_pretrained(str(out))
+    # the adapter alone (config + weights): no training_args.bin, whose pickled paths differ per run.
+    # No embedding layers are trained; "auto" would look the base (named "bundled" once a resumed
+    # adapter says so) up on the Hugging Face hub to compare vocabularies: no hub access, ever.
+    trainer.model.save_pretrained(str(out), save_embedding_layers=False)
     canonical_adapter_config(out, base_path)
     t2 = time.perf_counter()
     (out / "socialworld-train.json").write_text(json.dumps({"config": asdict(cfg), "dtype": compute_dtype(cfg), "steps": trainer.state.global_step,
