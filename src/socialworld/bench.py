@@ -27,7 +27,7 @@ from typing import Callable, Literal, Sequence
 
 from .judge import checked_judgement, judge_episodes, summarise
 from .diagnostics import coverage, failure_counts
-from .evaluate import EndpointFailure, episode_seeds
+from .evaluate import EndpointFailure, episode_seeds, first_endpoint_error
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate
 from .lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
 from .config import at_least, one_of
@@ -218,9 +218,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
             if failed > cfg.max_endpoint_failures:  # a dead endpoint's scores would only measure the endpoint
                 kept = p.parent.parent / "failed-episodes.jsonl"  # p is inside the artifact's temporary folder
                 write_jsonl(kept, eps)
-                first = next((s.action.error for e in eps for s in e.steps if s.action.failure == "endpoint"), "")
                 raise EndpointFailure(f"arm {arm} ({spec}): the endpoint gave no reply on {failed:.0%} of the steps (more than "
-                                      f"max_endpoint_failures {cfg.max_endpoint_failures:g}; the first error: {first}); "
+                                      f"max_endpoint_failures {cfg.max_endpoint_failures:g}; the first error: "
+                                      f"{first_endpoint_error(eps)}); "
                                       f"not scored; its records are in {kept}; rerun to retry the arm")
             write_jsonl(p, eps)
 

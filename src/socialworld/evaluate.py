@@ -154,7 +154,7 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
     if failed > cfg.max_endpoint_failures:  # scores of a dead endpoint would only measure the endpoint
         (out / "metrics.json").unlink(missing_ok=True)
         raise EndpointFailure(f"the endpoint of {cfg.policy} gave no reply on {failed:.0%} of the steps (more than "
-                              f"--max-endpoint-failures {cfg.max_endpoint_failures:g}; the first error: {_first_error(eps)}): "
+                              f"--max-endpoint-failures {cfg.max_endpoint_failures:g}; the first error: {first_endpoint_error(eps)}): "
                               f"no scores; the records are in {out}")
     judged = judge_episodes(cfg.judge, eps, {s.id: s for s in specs}, batch_size=cfg.lm_batch_size,
                             timeout_s=cfg.request_timeout) if cfg.judge else []
@@ -171,5 +171,6 @@ class EndpointFailure(ValueError):
     """An evaluation whose endpoint failed too often to score (:attr:`EvalConfig.max_endpoint_failures`)."""
 
 
-def _first_error(eps: list[EpisodeRecord]) -> str:
+def first_endpoint_error(eps: list[EpisodeRecord]) -> str:
+    """The error of the first step whose endpoint gave no reply ("" if none)."""
     return next((s.action.error or "" for e in eps for s in e.steps if s.action.failure == "endpoint"), "")
