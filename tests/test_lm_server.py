@@ -131,10 +131,12 @@ def test_concurrent_clients_are_batched(url, client, tiny_app):
     _, app = tiny_app
     before = app.state.batcher.stats.batches
     results: list = [None] * 8
+    clients = [openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60) for _ in range(8)]
+    together = threading.Barrier(8)
 
     def ask(i):
-        c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
-        results[i] = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"Turn {i}/7."}],
+        together.wait()  # the eight requests leave together
+        results[i] = clients[i].chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"Turn {i}/7."}],
                                                temperature=0, max_tokens=8)
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]

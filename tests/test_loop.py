@@ -305,7 +305,7 @@ def test_one_cycle_raises_the_chosen_actions_probability(tmp_path):
 def test_a_loop_with_a_judge_keeps_its_pairs_out_of_the_action_track(tmp_path):
     """``--judge``: the judge's records are a run artifact; pairs ranked by it carry proxy evidence,
     so strict gating counts them out of the action track."""
-    from socialworld.loop import read_judged
+    from socialworld.judge import read_judged
     from socialworld.records import read_jsonl
     from socialworld.sleep import read_pairs
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
-from .judge import checked_judgement, judge_episodes, summarise
+from .judge import check_judge, checked_judgement, judge_episodes, read_judged, summarise, write_judged
 from .diagnostics import coverage, failure_counts
 from .evaluate import EndpointFailure, episode_seeds, first_endpoint_error
 from .metrics import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate
@@ -35,7 +35,7 @@ from .scale import RAY_HELP, check_ray, pmap, ray_init, rollouts
 from .lm.models import parse_model_spec
 from .loop import EXECUTION_FIELDS, LoopConfig, Progress, check_unlockable, config_doc, run_loop
 from .policies import SCRIPTED
-from .records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, record_json, write_jsonl
+from .records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, write_jsonl
 from .rundir import RunDir
 from .runner import EpisodeJob
 from .sleep import SleepConfig
@@ -128,8 +128,7 @@ class BenchConfig:
         one_of(self, "preset", tuple(PRESETS))
         if not 0 <= self.max_endpoint_failures <= 1:
             raise ValueError(f"max_endpoint_failures must be in [0, 1], got {self.max_endpoint_failures!r}")
-        if self.judge and parse_model_spec(self.judge).kind == "scripted":
-            raise ValueError(f"the judge must be a language model spec, not the scripted policy {self.judge!r}")
+        check_judge(self.judge)
         one_of(self, "unlock", ("progressive", "adaptive", "fixed"))
         at_least(self, 1, "cycles", "lm_batch_size", "resamples")
         ms = parse_model_spec(self.model)  # before the run folder holds a typo
@@ -251,8 +250,6 @@ def _judge_arms(cfg: BenchConfig, run: RunDir, last: dict[str, list[EpisodeRecor
     made once), by arm; else nothing."""
     if not cfg.judge:
         return {}
-    from .loop import read_judged
-
     specs = {s.id: capped(s, PRESETS[cfg.preset].max_turns) for s in scenarios.specs}
     out = {}
     for arm, eps in last.items():
@@ -260,9 +257,8 @@ def _judge_arms(cfg: BenchConfig, run: RunDir, last: dict[str, list[EpisodeRecor
         # the arms this folder made are its inputs; A and B come from the loop's folder, whose
         # evaluations a resumed bench never remakes
         inputs = [f"arms/{arm}/episodes.jsonl"] if run.complete(f"arms/{arm}/episodes.jsonl") else []
-        if run.produce(rel, f"judge:{cfg.judge}", lambda p, eps=eps: atomic_write_text(p, "".join(
-                record_json(r) + "\n" for r in checked_judgement(cfg.judge, judge_episodes(
-                    cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), cfg.max_endpoint_failures))), inputs=inputs):
+        if run.produce(rel, f"judge:{cfg.judge}", lambda p, eps=eps: write_judged(p, checked_judgement(cfg.judge, judge_episodes(
+                cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), cfg.max_endpoint_failures)), inputs=inputs):
             log(f"arm {arm}: judged {len(eps)} last-cycle episodes with {cfg.judge}")
         out[arm] = list(read_judged(run.path(rel)).values())
     return out

@@ -13,8 +13,8 @@ from .config import at_least
 from .lm.models import parse_model_spec
 from .metrics import METRICS_CONTRACT, aggregate, group_by
 from .policies import SCRIPTED, make_policy
-from .judge import judge_episodes, summarise
-from .records import TMP_MARK, EpisodeRecord, JudgeRec, atomic_write_text, dumps_canonical, record_json, write_jsonl, write_parquet
+from .judge import check_judge, judge_episodes, summarise, write_judged
+from .records import TMP_MARK, EpisodeRecord, JudgeRec, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
 from .rng import derive_seed
 from .runner import EpisodeJob, run_episodes
 from .scale import RAY_HELP, check_ray, ray_init, rollouts
@@ -63,8 +63,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         check_ray(self.ray)
         kind = parse_model_spec(self.policy).kind  # a typo (or adapters that are not there) fails now
-        if self.judge and parse_model_spec(self.judge).kind == "scripted":
-            raise ValueError(f"the judge must be a language model spec, not the scripted policy {self.judge!r}")
+        check_judge(self.judge)
         if self.ray and kind not in ("scripted", "openai"):
             raise ValueError(f"--ray spreads scripted and openai: policies; {self.policy!r} is a local model (run it without --ray)")
         if self.decoding not in ("auto", "free", "constrained"):
@@ -159,7 +158,7 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
     judged = judge_episodes(cfg.judge, eps, {s.id: s for s in specs}, batch_size=cfg.lm_batch_size,
                             timeout_s=cfg.request_timeout) if cfg.judge else []
     if judged:
-        atomic_write_text(out / "judge.jsonl", "".join(record_json(r) + "\n" for r in judged))
+        write_judged(out / "judge.jsonl", judged)
     else:  # an earlier evaluation's judgement (--overwrite) is not this one's
         (out / "judge.jsonl").unlink(missing_ok=True)
     result = EvalResult(cfg.policy, eps, judged)

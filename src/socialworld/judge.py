@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import fmean
 from typing import Any, Sequence
 
-from .records import EpisodeRecord, JudgeRec, Signal
+from .records import EpisodeRecord, JudgeRec, Signal, atomic_write_text, record_from_json, record_json
 from .spec import ScenarioSpec
 from .templates import JUDGE_DIMENSIONS, JUDGE_PROMPT_VERSION, JUDGE_REPLY, JUDGE_SYSTEM, JUDGE_TURN, JUDGE_USER
 
@@ -66,17 +67,32 @@ def parse_scores(text: str) -> dict[str, int] | None:
     return out
 
 
-def judge_episodes(judge: str, episodes: Sequence[EpisodeRecord], specs: dict[str, ScenarioSpec],
-                   backend: Any = None, batch_size: int = 8, timeout_s: float = 60.0) -> list[JudgeRec]:
-    """One :class:`~socialworld.records.JudgeRec` per episode from the ``judge`` model (``backend``:
-    an already built :func:`~socialworld.lm.make_backend` for it)."""
-    from .lm import make_backend, parse_model_spec
+def check_judge(judge: str) -> None:
+    """A config's ``judge`` (empty: none) is a language-model spec; raises ``ValueError`` before any work."""
+    from .lm import parse_model_spec
 
-    ms = parse_model_spec(judge)
-    if ms.kind == "scripted":
-        raise ValueError(f"the judge must be a language model, not the scripted policy {judge!r}")
-    if backend is None:
-        backend = make_backend(judge, max_new_tokens=24, batch_size=batch_size, timeout_s=timeout_s)
+    if judge and parse_model_spec(judge).kind == "scripted":
+        raise ValueError(f"the judge must be a language model spec, not the scripted policy {judge!r}")
+
+
+def write_judged(path: str | Path, recs: Sequence[JudgeRec]) -> None:
+    """``judge.jsonl``: one record per line (atomic)."""
+    atomic_write_text(path, "".join(record_json(r) + "\n" for r in recs))
+
+
+def read_judged(path: str | Path) -> dict[str, JudgeRec]:
+    """A ``judge.jsonl`` file's records by episode id."""
+    recs = [record_from_json(JudgeRec, ln) for ln in Path(path).read_text(encoding="utf-8").split("\n") if ln.strip()]
+    return {r.episode_id: r for r in recs}
+
+
+def judge_episodes(judge: str, episodes: Sequence[EpisodeRecord], specs: dict[str, ScenarioSpec],
+                   batch_size: int = 8, timeout_s: float = 60.0) -> list[JudgeRec]:
+    """One :class:`~socialworld.records.JudgeRec` per episode from the ``judge`` model."""
+    from .lm import make_backend
+
+    check_judge(judge)
+    backend = make_backend(judge, max_new_tokens=24, batch_size=batch_size, timeout_s=timeout_s)
     convs = [judge_messages(specs[ep.scenario_id], ep) for ep in episodes]
     comps = backend.constrained(convs, [judge_program()] * len(convs)) if backend.local else backend.complete(convs)
     detail = f"llm_judge:{judge}"

@@ -38,11 +38,11 @@ from .evaluate import episode_seeds
 from .config import at_least
 from .scale import RAY_HELP, check_ray, ray_init, rollouts
 from .lm.models import parse_model_spec
-from .judge import checked_judgement, judge_episodes
+from .judge import check_judge, checked_judgement, judge_episodes, read_judged, write_judged
 from .lifelong import next_unlocked, progressive_schedule
 from .metrics import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
 from .policies import make_policy
-from .records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, record_from_json, record_json, write_jsonl
+from .records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, record_from_json, write_jsonl
 from .rng import derive_seed
 from .rundir import CONTRACT_KEY, LEGACY_CONTRACT, RunDir, with_defaults
 from .runner import EpisodeJob, per_turn, run_episodes, turn_budget
@@ -109,8 +109,7 @@ class LoopConfig:
             raise ValueError(f"the loop trains a local model: model must be bundled or a model folder (without adapters), "
                              f"got {self.model!r}")
         at_least(self, 0, "reference_episodes", "dialogue_steps")
-        if self.judge and parse_model_spec(self.judge).kind == "scripted":
-            raise ValueError(f"the judge must be a language model spec, not the scripted policy {self.judge!r}")
+        check_judge(self.judge)
 
 
 def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int]:
@@ -343,17 +342,11 @@ def _judged(cfg: LoopConfig, run: RunDir, d: str, wake: list[EpisodeRecord], ref
         return None
     eps = [*wake, *(ref[k] for k in sorted(ref))]
     if run.produce(f"{d}/wake/judge.jsonl", f"judge:{cfg.judge}",
-                   lambda p: atomic_write_text(p, "".join(record_json(r) + "\n" for r in checked_judgement(
-                       cfg.judge, judge_episodes(cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), JUDGE_MAX_ENDPOINT_FAILURES))),
+                   lambda p: write_judged(p, checked_judgement(
+                       cfg.judge, judge_episodes(cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), JUDGE_MAX_ENDPOINT_FAILURES)),
                    inputs=[f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl"]):
         log(f"{d}: judged {len(eps)} wake and reference episodes with {cfg.judge}")
     return read_judged(run.path(f"{d}/wake/judge.jsonl"))
-
-
-def read_judged(path: str | Path) -> dict[str, JudgeRec]:
-    """A ``judge.jsonl`` file's records by episode id."""
-    recs = [record_from_json(JudgeRec, ln) for ln in Path(path).read_text(encoding="utf-8").split("\n") if ln.strip()]
-    return {r.episode_id: r for r in recs}
 
 
 def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] | None, prev: list[str],
