@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -68,9 +69,20 @@ def test_progressive_merged_loop(tmp_path):
 
 def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
     tiny_dir = tiny_lm(tmp_path / "tiny")
-    logs = []
+    logs, starts = [], []
+    real = loop_mod.train_adapter
+
+    def recording(base, out, *a, **k):  # (cycle, track, the adapter it started from)
+        starts.append((Path(out).parents[3].name, Path(out).parents[1].name, k.get("resume_from")))
+        return real(base, out, *a, **k)
+
+    monkeypatch.setattr(loop_mod, "train_adapter", recording)
     full = run_loop(_cfg(tiny_dir, tmp_path / "a"), log=logs.append)
+    monkeypatch.setattr(loop_mod, "train_adapter", real)
     assert [s["cycle"] for s in full] == [1, 2] and all("pass_rate" in s["eval"] for s in full)
+    # the dialogue adapter starts from the action adapter its cycle trained (the action turns carry the words)
+    assert ("cycle-1", "action", None) in starts and any(t == "dialogue" for _, t, _ in starts)
+    assert all(r == str(tmp_path / "a" / c / "train/action/adapter") for c, t, r in starts if t == "dialogue")
     # each cycle's wake rode in the previous evaluation's rollout (same policy)
     assert [m.split(":")[0] for m in logs if m.endswith("evaluation rollout)")] == ["cycle 1", "cycle 2"]
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())["artifacts"]

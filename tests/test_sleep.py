@@ -18,6 +18,13 @@ from socialworld.visibility import observe
 from socialworld.world import World
 
 
+def turn_parts(text: str) -> tuple[str, str, str]:
+    """A training turn's BELIEF line, action key and SAY words."""
+    head, rest = text.split("\nACTION: ")
+    key, words = rest.split("\nSAY: ")
+    return head, key, words
+
+
 @pytest.fixture(scope="module")
 def lunch(specs):
     return specs["team_lunch-v1"]
@@ -50,7 +57,8 @@ def test_action_pairs_come_from_real_forks(lunch, random_eps):
     for p in pairs[:4]:
         assert p.chosen_value - p.rejected_value >= cfg.margin
         assert p.provenance == "simulator_rollout(expert, M=2, horizon=6)"
-        chosen = Action.parse(p.chosen[0]["content"].split("ACTION: ")[1])
+        _, key, words = turn_parts(p.chosen[0]["content"])
+        chosen = Action.parse(key)
         # re-scoring the chosen action from an independent copy of that state gives the same value
         from socialworld.sleep import _say
 
@@ -58,6 +66,8 @@ def test_action_pairs_come_from_real_forks(lunch, random_eps):
         again = rollout_returns(w, _say(w, chosen), cfg, (p.scenario_id, p.seed, p.step))
         assert fmean(again) == pytest.approx(p.chosen_value)
         assert p.prompt[0]["role"] == "system" and p.chosen[0]["content"].startswith("BELIEF: ")
+        assert words == _say(w, chosen).utterance  # the whole turn: the words it was scored with
+        assert p.rejected[0]["content"] == random_eps[0].steps[p.step].action.raw.strip()  # what the policy wrote
 
 
 def test_wake_pairs_with_the_continuation_policys_labels(lunch, random_eps):
@@ -76,7 +86,7 @@ def test_wake_pairs_with_the_continuation_policys_labels(lunch, random_eps):
         labels[s.setting.step] = expert.act(["x"], [observe(lunch, w.pub)])[0].action.key
         w.step(recorded_action(s), parse_error=s.action.error if s.action.parse_status == "unparseable" else None)
     for p in pairs:
-        assert p.chosen[0]["content"].endswith("ACTION: " + labels[p.step])
+        assert turn_parts(p.chosen[0]["content"])[1] == labels[p.step]
         assert p.chosen_value >= p.rejected_value + cfg.margin  # the rollouts favour the label too
     assert report.candidates == len(ep.steps) == len(pairs) + sum(report.excluded.values())
     with pytest.raises(ValueError, match="wake_chosen"):
@@ -116,12 +126,13 @@ def test_reference_pairs_cover_the_reference_episode_states(lunch):
 
     for p in pairs:
         assert p.episode_id == ref.episode_id and p.chosen_value - p.rejected_value >= cfg.margin
-        belief_c, act_c = p.chosen[0]["content"].split("\nACTION: ")
-        belief_r, act_r = p.rejected[0]["content"].split("\nACTION: ")
-        assert belief_c == belief_r and act_c != act_r  # the pair differs only in the action
+        belief_c, act_c, said_c = turn_parts(p.chosen[0]["content"])
+        belief_r, act_r, said_r = turn_parts(p.rejected[0]["content"])
+        assert belief_c == belief_r and act_c != act_r  # the pair differs only in the action (and its words)
         w = worlds[p.step]
         key = (p.scenario_id, p.seed, p.step, "reference")
-        for act, value in ((act_c, p.chosen_value), (act_r, p.rejected_value)):  # both values from real forks
+        for act, said, value in ((act_c, said_c, p.chosen_value), (act_r, said_r, p.rejected_value)):  # both values from real forks
+            assert said == _say(w, Action.parse(act)).utterance
             assert fmean(rollout_returns(w, _say(w, Action.parse(act)), cfg, key)) == pytest.approx(value)
     # the reference's own action is always scored: the chosen one is at least as good
     for p in pairs:
@@ -146,14 +157,14 @@ def test_reference_pairs_cover_the_reference_episode_states(lunch):
     truth_differs = 0
     for p in own + pairs:
         obs = observe(lunch, World.restore(p.snapshot, lunch).pub)
-        assert p.chosen[0]["content"].split("\nACTION: ")[0] == belief_target(obs)
+        assert turn_parts(p.chosen[0]["content"])[0] == belief_target(obs)
         truth = ref.steps[p.step].mental_state.truth
         npc = belief_target(obs).split()[1]
         truth_differs += any(truth["preferences"].get(npc, {}).get(k) != v for k, v in
                              (kv.split("=") for kv in belief_target(obs).split()[2:-1]))
     assert truth_differs > 0  # the old hindsight targets would have differed here
     for p in own:
-        assert p.chosen[0]["content"].split("\nACTION: ")[1] == recorded_action(ref.steps[p.step]).key
+        assert turn_parts(p.chosen[0]["content"])[1:] == (recorded_action(ref.steps[p.step]).key, ref.steps[p.step].dialogue.utterance)
         assert p.chosen_value - p.rejected_value >= cfg.margin
 
 

@@ -95,7 +95,8 @@ def chosen_action_logprobs(model, tokenizer, pairs: Sequence[Pair]) -> list[floa
 
     out = []
     for p in pairs:
-        head, key = p.chosen[-1]["content"].rsplit("\nACTION:", 1)
+        head, rest = p.chosen[-1]["content"].split("\nACTION:", 1)
+        key = rest.split("\nSAY:", 1)[0]  # the turn's words follow the action
         prefix = tokenizer.apply_chat_template(p.prompt, tokenize=False, add_generation_prompt=True) + head + "\nACTION:"
         pre = tokenizer(prefix, add_special_tokens=False)["input_ids"]
         ids = tokenizer(key, add_special_tokens=False)["input_ids"]

@@ -354,10 +354,16 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
                  ) -> tuple[dict[str, list[float]], dict[str, str] | None]:
     """Train this cycle's adapters: one per track in ``cfg.tracks`` (resumed from the previous
     cycle's), or one ``merged`` adapter on both tracks' pairs deployed for both (ablation E1).
-    A track without gated pairs keeps its previous adapter."""
+    The dialogue adapter starts from the action adapter trained this cycle where there is one: the
+    action track's turns end in the expert's words for their action (:mod:`socialworld.sleep`), so
+    that adapter already writes them, and the dialogue pairs refine the words from there (a
+    dialogue adapter trained on its own few pairs wrote belief-like text on a third of its SAY
+    lines, docs/experiments/2026-11-24-words-in-the-action-track.md). A track without gated pairs
+    keeps its previous adapter."""
     d = f"cycle-{c}"
     losses: dict[str, list[float]] = {}
     trained: dict[str, str] = dict(adapters or {})
+    fresh: list[str] = []  # run-relative folders of the adapters trained this cycle
     groups = {"merged": [t for t in TRACKS if t in cfg.tracks]} if cfg.merged else {t: [t] for t in cfg.tracks}
     for name, members in groups.items():
         if cfg.train.method == "grpo" and members != ["action"]:
@@ -369,6 +375,8 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
             continue
         rel = f"{d}/train/{name}/adapter"
         resume = trained.get(members[0])
+        if name == "dialogue" and f"{d}/train/action/adapter" in fresh:
+            resume = trained["action"]
         if len(members) == 1:  # the gated Parquet file as it is
             data: dict = {"pairs": run.path(f"{d}/sleep/pairs-{members[0]}.parquet")}
         else:
@@ -380,7 +388,8 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
                     lambda p, data=data, r=resume, t=tcfg, n=name: train_adapter(
                         _base_path(cfg), p, t, resume_from=r,
                         progress=(lambda total: progress(f"cycle {c} train {n} (steps)", total)) if progress else None, **data),
-                    inputs=[f"{d}/sleep"] + prev)
+                    inputs=[f"{d}/sleep"] + prev + fresh)
+        fresh.append(rel)
         info = json.loads(run.path(f"{rel}/socialworld-train.json").read_text())
         losses[name] = info["losses"]
         rows = info.get("rows", {})

@@ -6,8 +6,11 @@ strict gating, with a report that counts every exclusion by reason.
   ``rollouts`` continuations of the ``continuation`` policy (common random numbers: rollout m of
   every candidate uses the same reseed). Provenance: ``simulator_rollout(<policy>, M, horizon)``.
 * **Action track** (step level) — prompt = the policy's prompt at that step; chosen = the best
-  candidate with :func:`~socialworld.lm.policy.belief_target` as its belief (what the
-  observation supports about the focus NPC, never the hidden truth); rejected = what the policy wrote. Kept when the value margin is >= ``margin``.
+  candidate as a whole turn (:func:`~socialworld.lm.policy.target_turn`): its belief is
+  :func:`~socialworld.lm.policy.belief_target` (what the observation supports about the focus
+  NPC, never the hidden truth) and its SAY line the expert's template words for that action (the
+  words the candidate was scored with), so the action adapter learns the words with the decision;
+  rejected = the turn the policy wrote. Kept when the value margin is >= ``margin``.
   With ``wake_chosen="continuation"`` chosen is instead the continuation policy's action at
   that state (DAgger's expert label: the policy is fed the episode's observations in order);
   only the label and the taken action are rolled out. ``label_gate="margin"`` keeps a label only
@@ -18,7 +21,7 @@ strict gating, with a report that counts every exclusion by reason.
   scoring at each state of the reference episode (the continuation policy on the same seed):
   chosen = the best candidate (``best``) or the reference's own action (``own``: DAgger's
   expert label, with simulator-scored negatives), rejected = a candidate at least ``margin``
-  worse than chosen, drawn by a seeded RNG. The wake of a weak policy stays in opening states;
+  worse than chosen, drawn by a seeded RNG; both as whole turns with the template's words. The wake of a weak policy stays in opening states;
   these pairs cover the rest of the task.
 * **Dialogue track** (trajectory level) — two trajectories of the same scenario and seed (the
   policy's and the continuation policy's); at aligned steps where both took the same action,
@@ -56,6 +59,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from statistics import fmean
 from typing import Any, Callable, Iterator, Literal, Sequence
@@ -66,7 +70,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
 from .core import Action
-from .lm.policy import belief_target
+from .lm.policy import target_turn
 from .lm.prompts import build_messages
 from .policies import make_policy
 from .records import EpisodeRecord, JudgeRec, StepRecord
@@ -302,8 +306,8 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: SleepConfig, report
         if (ran is not None and best.key == ran.key) or (gated and margin < cfg.margin):
             report.exclude("action", "below_margin")
             continue
-        chosen = f"{belief_target(obs)}\nACTION: {best.key}"
-        rejected = s.action.raw.split("\nSAY:", 1)[0].strip() or "(empty)"
+        chosen = target_turn(obs, best.key, _say(w, best).utterance)
+        rejected = s.action.raw.strip() or "(empty)"
         quality = fmean(float(c > r) for c, r in zip(values[best.key], rej_returns))
         pairs.append(Pair(
             id=_pair_id("action", ep.episode_id, t, chosen, rejected), track="action", scenario_id=ep.scenario_id,
@@ -345,8 +349,8 @@ def reference_pairs(spec: ScenarioSpec, ref: EpisodeRecord, cfg: SleepConfig, re
             continue
         rej = WorldRNG(derive_seed(*key, "rejected")).choice(worse)
         obs = observe(spec, w.pub)
-        belief = belief_target(obs)
-        chosen, rejected = f"{belief}\nACTION: {best.key}", f"{belief}\nACTION: {rej}"
+        chosen = target_turn(obs, best.key, _say(w, best).utterance)
+        rejected = target_turn(obs, rej, _say(w, next(a for a in cands if a.key == rej)).utterance)
         pairs.append(Pair(
             id=_pair_id("reference", ref.episode_id, t, chosen, rejected), track="action", scenario_id=ref.scenario_id,
             tier=ref.tier, seed=ref.seed, step=t, episode_id=ref.episode_id, prompt=build_messages(obs),
@@ -373,11 +377,11 @@ def _dialogue_pair(spec: ScenarioSpec, ep: EpisodeRecord, w: World, s: StepRecor
                    values: tuple[float, float], qs: tuple[float, float], provenance: str, id_parts: tuple, key: str) -> Pair:
     """A dialogue-track pair at step ``s`` (state ``w``): ``said`` = (chosen, rejected) words."""
     obs = observe(spec, w.pub)
-    head = f"{belief_target(obs)}\nACTION: {s.action.executed}\nSAY:"
+    turn = partial(target_turn, obs, s.action.executed)
     return Pair(
         id=_pair_id("dialogue", *id_parts, s.setting.step), track="dialogue", scenario_id=ep.scenario_id,
         tier=ep.tier, seed=ep.seed, step=s.setting.step, episode_id=ep.episode_id, prompt=build_messages(obs),
-        chosen=_assistant(f"{head} {said[0]}"), rejected=_assistant(f"{head} {said[1]}"),
+        chosen=_assistant(turn(said[0])), rejected=_assistant(turn(said[1])),
         chosen_value=values[0], rejected_value=values[1], quality=qs[0] - qs[1], provenance=provenance,
         evidence=_evidence(ep), template_key=key,
     )
@@ -435,8 +439,8 @@ def judge_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, ja: Judg
             pair = _dialogue_pair(spec, hi, wh, sh, (sh.dialogue.utterance, sl.dialogue.utterance), (gh, gl),
                                   (gh / 10, gl / 10), provenance, ("judge", hi.episode_id, lo.episode_id), key)
             return [pair.model_copy(update={"evidence": _evidence(hi, ranking="proxy")})]
-        chosen = f"{belief_target(obs)}\nACTION: {sh.action.executed}"
-        rejected = f"{belief_target(obs)}\nACTION: {sl.action.executed}"
+        chosen = target_turn(obs, sh.action.executed, sh.dialogue.utterance)
+        rejected = target_turn(obs, sl.action.executed, sl.dialogue.utterance)
         return [Pair(
             id=_pair_id("judge", hi.episode_id, lo.episode_id, sh.setting.step), track="action", scenario_id=hi.scenario_id,
             tier=hi.tier, seed=hi.seed, step=sh.setting.step, episode_id=hi.episode_id, prompt=build_messages(obs),
@@ -511,7 +515,6 @@ def candidate_pairs(specs: dict[str, ScenarioSpec], wake: Sequence[EpisodeRecord
     returns a callback ticked once per episode scored (the CLI's bars). Each (kind, episode) is
     scored apart (:func:`_score`), as a Ray task with ``ray`` (:func:`socialworld.scale.pmap`);
     the pairs and counts are the same either way."""
-    from functools import partial
 
     from .scale import pmap
 

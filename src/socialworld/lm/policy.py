@@ -87,6 +87,13 @@ def belief_target(obs: Observation) -> str:
     return " ".join(["BELIEF:", npc, *items, f"mood={ms.moods.get(npc, 'mid')}"])
 
 
+def target_turn(obs: Observation, action: str, words: str | None = None) -> str:
+    """A whole reply in :func:`program`'s grammar, as training rows teach it: the
+    :func:`belief_target` at ``obs``, the action key, and (``words`` given) the SAY line."""
+    head = f"{belief_target(obs)}\nACTION: {action}"
+    return head if words is None else f"{head}\nSAY: {words}"
+
+
 def merge(old: MentalState | None, new: MentalState | None) -> MentalState | None:
     """The running estimate: the latest statement per (npc, slot) preference and per npc mood."""
     if new is None or old is None:
