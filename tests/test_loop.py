@@ -83,6 +83,12 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tmp_path, monkeypatch):
     # the dialogue adapter starts from the action adapter its cycle trained (the action turns carry the words)
     assert ("cycle-1", "action", None) in starts and any(t == "dialogue" for _, t, _ in starts)
     assert all(r == str(tmp_path / "a" / c / "train/action/adapter") for c, t, r in starts if t == "dialogue")
+    from socialworld.sleep import read_pairs
+
+    for c, t, _ in starts:  # ... and trains on its pairs together with that cycle's action turns
+        if t == "dialogue":
+            given = json.loads((tmp_path / "a" / c / "train/dialogue/adapter/socialworld-train.json").read_text())["rows"]["given"]
+            assert given == sum(len(read_pairs(tmp_path / "a" / c / f"sleep/pairs-{k}.parquet")) for k in ("action", "dialogue"))
     # each cycle's wake rode in the previous evaluation's rollout (same policy)
     assert [m.split(":")[0] for m in logs if m.endswith("evaluation rollout)")] == ["cycle 1", "cycle 2"]
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())["artifacts"]

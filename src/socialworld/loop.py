@@ -354,12 +354,14 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
                  ) -> tuple[dict[str, list[float]], dict[str, str] | None]:
     """Train this cycle's adapters: one per track in ``cfg.tracks`` (resumed from the previous
     cycle's), or one ``merged`` adapter on both tracks' pairs deployed for both (ablation E1).
-    The dialogue adapter starts from the action adapter trained this cycle where there is one: the
-    action track's turns end in the expert's words for their action (:mod:`socialworld.sleep`), so
-    that adapter already writes them, and the dialogue pairs refine the words from there (a
-    dialogue adapter trained on its own few pairs wrote belief-like text on a third of its SAY
-    lines, docs/experiments/2026-11-24-words-in-the-action-track.md). A track without gated pairs
-    keeps its previous adapter."""
+    The dialogue adapter starts from the action adapter trained this cycle where there is one (the
+    action track's turns end in the expert's words for their action, :mod:`socialworld.sleep`, so
+    that adapter already writes them) and trains on the dialogue pairs together with that cycle's
+    action turns: a few pairs alone overwrite the words (the first cycle's seven, six of them
+    ``wait()``, made it say "Let's give it a moment" after every action), and a dialogue adapter
+    trained apart on its own pairs wrote belief-like text on a third of its SAY lines
+    (docs/experiments/2026-11-24-words-in-the-action-track.md). A track without gated pairs keeps
+    its previous adapter."""
     d = f"cycle-{c}"
     losses: dict[str, list[float]] = {}
     trained: dict[str, str] = dict(adapters or {})
@@ -375,12 +377,10 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
             continue
         rel = f"{d}/train/{name}/adapter"
         resume = trained.get(members[0])
+        data: dict = {"pairs": run.path(f"{d}/sleep/pairs-{members[0]}.parquet")} if len(members) == 1 else {"pairs": pairs}
         if name == "dialogue" and f"{d}/train/action/adapter" in fresh:
             resume = trained["action"]
-        if len(members) == 1:  # the gated Parquet file as it is
-            data: dict = {"pairs": run.path(f"{d}/sleep/pairs-{members[0]}.parquet")}
-        else:
-            data = {"pairs": pairs}
+            data = {"pairs": pairs + read_pairs(run.path(f"{d}/sleep/pairs-action.parquet"))}
         if cfg.train.method == "grpo":
             data = {"grpo_rows": grpo_rows(pairs), "specs": specs}
         tcfg = replace(cfg.train, steps=min(cfg.train.steps, cfg.dialogue_steps)) if name == "dialogue" and cfg.dialogue_steps else cfg.train
