@@ -432,9 +432,10 @@ def _grammar_text(obs, choose) -> str:
 def test_belief_target_is_what_the_observation_supports(specs):
     """The trained BELIEF line is a function of the prompt (the expert's inference, a fixed rule
     for the unknown), in the decoding grammar."""
-    from socialworld.lm.policy import belief_target, focus
+    from socialworld.lm.policy import belief_target, focus, target_turn
     from socialworld.lm.prompts import parse_belief
-    from socialworld.policies.scripted import Beliefs, ExpertPolicy
+    from socialworld.policies.scripted import Beliefs, ExpertPolicy, say
+    from socialworld.visibility import legal_actions
 
     cases = set()
     for sid in ("team_lunch-v1", "book_club-v1", "weather_picnic-v1"):
@@ -453,6 +454,11 @@ def test_belief_target_is_what_the_observation_supports(specs):
                 return c.options[0] if c.name == "action" else items["mood" if c.name.startswith("mood:") else c.name.split(":")[-1]]
 
             assert _grammar_text(obs, pick).startswith(target + "\nACTION:")
+            # the whole training turn parses back at its state to its action and words
+            a = say(obs, legal_actions(obs)[seed % len(legal_actions(obs))])
+            action, _, error = parse_output(target_turn(obs, a.key, a.utterance), obs)
+            assert error is None and (action.key, action.utterance) == (a.key, a.utterance)
+            assert target_turn(obs, a.key, "").endswith(f"\nACTION: {a.key}\nSAY:")
             stated = parse_belief(target.removeprefix("BELIEF:"), obs)
             known = ExpertPolicy.stated(obs, Beliefs().update(obs)).preferences.get(npc, {})
             for s in obs.slots:

@@ -164,7 +164,8 @@ def test_reference_pairs_cover_the_reference_episode_states(lunch):
                              (kv.split("=") for kv in belief_target(obs).split()[2:-1]))
     assert truth_differs > 0  # the old hindsight targets would have differed here
     for p in own:
-        assert turn_parts(p.chosen[0]["content"])[1:] == (recorded_action(ref.steps[p.step]).key, ref.steps[p.step].dialogue.utterance)
+        own_action = recorded_action(ref.steps[p.step])
+        assert turn_parts(p.chosen[0]["content"])[1:] == (own_action.key, _say(worlds[p.step], own_action).utterance)
         assert p.chosen_value - p.rejected_value >= cfg.margin
 
 

@@ -8,7 +8,8 @@ Per cycle ``c``::
     cycle-c/sleep/pairs-action.parquet  gated step-level pairs
     cycle-c/sleep/pairs-dialogue.parquet
     cycle-c/sleep/gating.json           every exclusion counted by reason
-    cycle-c/train/<track>/adapter/      PEFT LoRA adapter per track (resumed from cycle c-1),
+    cycle-c/train/<track>/adapter/      PEFT LoRA adapter per track: action resumed from cycle c-1's,
+                                        dialogue from the deployed action adapter (see _train_cycle);
                                         or train/merged/adapter/ for both (ablation E1)
     cycle-c/eval/episodes.jsonl         the deployed policy (base + both adapters) on eval seeds
     cycle-c/summary.json                with paired-bootstrap differences against cycle 0
@@ -44,9 +45,9 @@ from .metrics import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, re
 from .policies import make_policy
 from .records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, record_from_json, write_jsonl
 from .rng import derive_seed
-from .rundir import CONTRACT_KEY, LEGACY_CONTRACT, RunDir, with_defaults
+from .rundir import CONTRACT_KEY, LEGACY_CONTRACT, LEGACY_PAIRS, PAIRS_KEY, RunDir, with_defaults
 from .runner import EpisodeJob, per_turn, run_episodes, turn_budget
-from .sleep import GatingReport, SleepConfig, add_replay, candidate_pairs, read_pairs, screen_and_gate, write_pairs
+from .sleep import PAIR_SCHEMA, GatingReport, SleepConfig, add_replay, candidate_pairs, read_pairs, screen_and_gate, write_pairs
 from .spec import SCENARIO_STORE, RunScenarios, ScenarioError, capped, resolve_scenarios, run_scenarios, spec_yaml
 from .stats import paired_difference
 from .lm.policy import SAY_TOKENS
@@ -88,8 +89,8 @@ class LoopConfig:
                                                        "folder instead of re-running them: ablations on the same data"})
     sleep: SleepConfig = field(default_factory=SleepConfig)
     dialogue_steps: int = field(default=0, metadata={"help": (
-        "cap on the dialogue track's optimizer steps per cycle (0: the train steps): the template words it learns "
-        "are fewer and easier than the actions")})
+        "cap on the dialogue track's optimizer steps per cycle (0: the train steps): it starts from the action "
+        "adapter, which already writes the words")})
     train: TrainConfig = field(default_factory=lambda: TrainConfig(method="dpo", steps=20))
     judge: str = field(default="", metadata={"help": (
         "an LM judge's model spec (off when empty): scores each cycle's wake and reference episodes (judge.jsonl); "
@@ -145,11 +146,11 @@ def config_doc(cfg, user_scenarios: dict[str, str]) -> dict:
     already the ones :func:`~socialworld.spec.run_scenarios` records: paths replaced by ids),
     ``user_scenarios`` (id -> content hash of each user scenario, stored in
     ``RUN/scenarios/<id>.yaml``, so a changed file is never resumed silently) and the metrics
-    contract the run is scored under."""
+    contract the run is scored under, and the format of its training pairs."""
     doc = json.loads(json.dumps(asdict(cfg)))
     for name in EXECUTION_FIELDS:  # how a run executes is not what it makes
         doc.pop(name, None)
-    return doc | {"user_scenarios": user_scenarios, CONTRACT_KEY: METRICS_CONTRACT}
+    return doc | {"user_scenarios": user_scenarios, CONTRACT_KEY: METRICS_CONTRACT, PAIRS_KEY: PAIR_SCHEMA}
 
 
 def _reuse(run: RunDir, cfg: LoopConfig, mine: dict) -> None:
@@ -366,7 +367,7 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
     losses: dict[str, list[float]] = {}
     trained: dict[str, str] = dict(adapters or {})
     fresh: list[str] = []  # run-relative folders of the adapters trained this cycle
-    groups = {"merged": [t for t in TRACKS if t in cfg.tracks]} if cfg.merged else {t: [t] for t in cfg.tracks}
+    groups = {"merged": [t for t in TRACKS if t in cfg.tracks]} if cfg.merged else {t: [t] for t in TRACKS if t in cfg.tracks}
     for name, members in groups.items():
         if cfg.train.method == "grpo" and members != ["action"]:
             log(f"cycle {c}: grpo trains the action track only (its reward is the simulator's step return)")
@@ -378,7 +379,7 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
         rel = f"{d}/train/{name}/adapter"
         resume = trained.get(members[0])
         data: dict = {"pairs": run.path(f"{d}/sleep/pairs-{members[0]}.parquet")} if len(members) == 1 else {"pairs": pairs}
-        if name == "dialogue" and f"{d}/train/action/adapter" in fresh:
+        if name == "dialogue" and "action" in cfg.tracks and "action" in trained:
             resume = trained["action"]
             data = {"pairs": pairs + read_pairs(run.path(f"{d}/sleep/pairs-action.parquet"))}
         if cfg.train.method == "grpo":
@@ -419,6 +420,9 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
 
     run = RunDir(run_dir)
     cfg_doc = yaml.safe_load(run.path("config.yaml").read_text())
+    if cfg_doc.get(PAIRS_KEY, LEGACY_PAIRS) != PAIR_SCHEMA:
+        raise ValueError(f"{run.root}: its training pairs are {cfg_doc.get(PAIRS_KEY, LEGACY_PAIRS)}, this version builds "
+                         f"{PAIR_SCHEMA}: re-gating would not rebuild the run's pairs")
     own = stored_sleep_config(run_dir)
     d = f"cycle-{cycle}"
     for rel in (f"{d}/wake/episodes.jsonl", f"{d}/wake/reference.jsonl", f"{d}/sleep"):

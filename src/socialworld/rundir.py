@@ -35,6 +35,10 @@ MANIFEST_VERSION = "manifest-v1"
 CONTRACT_KEY = "metrics_contract"
 """the config key naming the metrics contract a run is scored under (a stored config without it: v1)"""
 LEGACY_CONTRACT = "metrics-v1"
+PAIRS_KEY = "pair_schema"
+"""the config key naming the format of a run's training pairs (a stored config without it: pair-v1,
+whose action turns end at the ACTION line)"""
+LEGACY_PAIRS = "pair-v1"
 TIMINGS = "timings.json"
 """wall seconds each artifact took to make, by its path: a side file, not an artifact (times are
 not reproducible, the artifacts are)"""
@@ -131,6 +135,10 @@ class RunDir:
             if theirs != ours:
                 raise ValueError(f"{path}: this run was scored under {theirs}, this version scores under {ours}; "
                                  "numbers of different metrics contracts are never mixed: use a new run folder")
+            theirs, ours = old.get(PAIRS_KEY, LEGACY_PAIRS), new.get(PAIRS_KEY, LEGACY_PAIRS)
+            if theirs != ours:
+                raise ValueError(f"{path}: this run's training pairs are {theirs}, this version writes {ours}; "
+                                 "pairs of different formats are never mixed (replay, resumed training): use a new run folder")
             grown = [k for k in may_grow if isinstance(old.get(k), int) and isinstance(new.get(k), int) and new[k] > old[k]]
             if {k: v for k, v in old.items() if k not in grown} != {k: v for k, v in new.items() if k not in grown}:
                 differ = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in _differences(old, new, grown))

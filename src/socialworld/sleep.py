@@ -80,7 +80,9 @@ from .spec import ScenarioSpec
 from .visibility import legal_actions, observe
 from .world import World
 
-PAIR_SCHEMA = "pair-v1"
+PAIR_SCHEMA = "pair-v2"
+"""pair-v2: an action-track turn ends in a SAY line (the words of its action); pair-v1's ended at
+the ACTION line. Files of both read back; a run folder never mixes them (``rundir.PAIRS_KEY``)."""
 GOOD_SOURCES = ("direct", "fused")
 EVIDENCE_KEYS = ("U", "A_e", "S_npc", "D", "ranking")
 """the source of each of the episode's metrics, and of what ranks chosen over rejected (``ranking``:
@@ -145,7 +147,7 @@ class SleepConfig:
 class Pair(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_version: Literal["pair-v1"] = PAIR_SCHEMA
+    schema_version: Literal["pair-v1", "pair-v2"] = PAIR_SCHEMA
     id: str
     track: Literal["action", "dialogue"]
     scenario_id: str

@@ -89,9 +89,10 @@ def belief_target(obs: Observation) -> str:
 
 def target_turn(obs: Observation, action: str, words: str | None = None) -> str:
     """A whole reply in :func:`program`'s grammar, as training rows teach it: the
-    :func:`belief_target` at ``obs``, the action key, and (``words`` given) the SAY line."""
+    :func:`belief_target` at ``obs``, the action key, and (``words`` given) the SAY line (``SAY:``
+    alone for no words)."""
     head = f"{belief_target(obs)}\nACTION: {action}"
-    return head if words is None else f"{head}\nSAY: {words}"
+    return head if words is None else f"{head}\nSAY:" + (f" {words}" if words else "")
 
 
 def merge(old: MentalState | None, new: MentalState | None) -> MentalState | None:
