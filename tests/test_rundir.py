@@ -81,6 +81,20 @@ def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
     RunDir(tmp_path / "new").write_config(doc)  # same contract: resumes
 
 
+def test_a_run_of_another_pair_format_is_refused(tmp_path):
+    """A run whose action pairs ended at the ACTION line (pair-v1: its config has no pair_schema)
+    is neither resumed nor re-gated by a version that writes pair-v2: replay would mix the two."""
+    from socialworld.loop import LoopConfig, config_doc, regate
+
+    doc = config_doc(LoopConfig(out=str(tmp_path)), {})
+    assert doc["pair_schema"] == "pair-v2"
+    RunDir(tmp_path).write_config({k: v for k, v in doc.items() if k != "pair_schema"})
+    with pytest.raises(ValueError, match="training pairs are pair-v1, this version writes pair-v2"):
+        RunDir(tmp_path).write_config(doc)
+    with pytest.raises(ValueError, match="pair-v1, this version builds pair-v2"):
+        regate(tmp_path, 1, {})
+
+
 def test_reuse_from_a_run_of_another_metrics_contract_is_refused(tmp_path):
     from socialworld.loop import LoopConfig, _reuse, config_doc
     from socialworld.metrics import ContractMismatch

@@ -355,9 +355,9 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
                  ) -> tuple[dict[str, list[float]], dict[str, str] | None]:
     """Train this cycle's adapters: one per track in ``cfg.tracks`` (resumed from the previous
     cycle's), or one ``merged`` adapter on both tracks' pairs deployed for both (ablation E1).
-    The dialogue adapter starts from the action adapter trained this cycle where there is one (the
-    action track's turns end in the expert's words for their action, :mod:`socialworld.sleep`, so
-    that adapter already writes them) and trains on the dialogue pairs together with that cycle's
+    The dialogue adapter starts from the deployed action adapter where there is one (this cycle's,
+    or the previous one when the action track had no pairs; the action track's turns end in the
+    expert's words for their action, :mod:`socialworld.sleep`, so it already writes them) and trains on the dialogue pairs together with that cycle's
     action turns: a few pairs alone overwrite the words (the first cycle's seven, six of them
     ``wait()``, made it say "Let's give it a moment" after every action), and a dialogue adapter
     trained apart on its own pairs wrote belief-like text on a third of its SAY lines

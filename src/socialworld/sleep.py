@@ -21,8 +21,8 @@ strict gating, with a report that counts every exclusion by reason.
   scoring at each state of the reference episode (the continuation policy on the same seed):
   chosen = the best candidate (``best``) or the reference's own action (``own``: DAgger's
   expert label, with simulator-scored negatives), rejected = a candidate at least ``margin``
-  worse than chosen, drawn by a seeded RNG; both as whole turns with the template's words. The wake of a weak policy stays in opening states;
-  these pairs cover the rest of the task.
+  worse than chosen, drawn by a seeded RNG; both as whole turns with the template's words. The
+  wake of a weak policy stays in opening states; these pairs cover the rest of the task.
 * **Dialogue track** (trajectory level) — two trajectories of the same scenario and seed (the
   policy's and the continuation policy's); at aligned steps where both took the same action,
   chosen = the utterance of the higher-outcome trajectory, rejected = the other's, when its
