@@ -9,7 +9,8 @@ slow = pytest.mark.slow  # ~35 s of TRL training on 2 cores: run by CI's `pytest
 from socialworld.policies import make_policy  # noqa: E402
 from socialworld.runner import EpisodeJob, run_episodes  # noqa: E402
 from socialworld.sleep import GatingReport, SleepConfig, action_pairs  # noqa: E402
-from socialworld.train import TrainConfig, grpo_rows, lora_layers, planned_steps, simulator_reward, train_adapter  # noqa: E402
+from socialworld.train import (TrainConfig, action_kind, balanced_indices, grpo_rows, lora_layers, planned_steps,  # noqa: E402
+                               simulator_reward, train_adapter)
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +28,39 @@ def test_steps_layers_and_options():
     assert planned_steps(TrainConfig(steps=120, batch_size=4, max_epochs=4), 1000) == 120
     assert planned_steps(TrainConfig(steps=5, batch_size=4, max_epochs=0.1), 3) == 1  # at least one step
     assert lora_layers(30, 1.0) is None and lora_layers(30, 0.5) == list(range(15, 30)) and lora_layers(2, 0.5) == [1]
-    for bad in ({"lora_upper": 0.0}, {"lora_upper": 1.5}, {"dtype": "fp8"}, {"steps": 0}, {"max_epochs": -1}):
+    for bad in ({"lora_upper": 0.0}, {"lora_upper": 1.5}, {"dtype": "fp8"}, {"steps": 0}, {"max_epochs": -1}, {"balance": -1}):
         with pytest.raises(ValueError):
             TrainConfig(**bad)
+
+
+def test_balance_repeats_rare_kinds_up_to_the_cap():
+    turn = lambda key: [{"role": "assistant", "content": f"BELIEF: ann x=a mood=mid\nACTION: {key}\nSAY: hi"}]
+    assert action_kind(turn("negotiate(ann, x, a, pay)")) == "negotiate" and action_kind(turn("end()")) == "end"
+    assert action_kind([{"role": "assistant", "content": "SAY: hi"}]) is None and action_kind([]) is None
+    kinds = ["propose"] * 8 + ["finalize"] * 2 + ["approach"] + [None]
+    # 11 rows with a kind over 3 kinds: a share of 11/3; propose once, finalize round(1.83) = 2, approach 4 (capped)
+    got = balanced_indices(kinds, 4)
+    assert [kinds[i] for i in got].count("finalize") == 4 and got.count(10) == 4 and got.count(11) == 1
+    assert [kinds[i] for i in got].count("propose") == 8 and got == sorted(got)
+    assert balanced_indices(kinds, 2).count(10) == 2  # the cap
+    assert balanced_indices(kinds, 0) == list(range(12)) and balanced_indices([None, None], 4) == [0, 1]
+
+
+def test_balanced_dataset_from_pairs_and_parquet(pairs, tmp_path):
+    from socialworld.sleep import write_pairs
+    from socialworld.train import _dataset
+
+    # the last pair's chosen turn made a rare kind
+    last = pairs[-1].chosen[0]["content"].replace("ACTION: propose(", "ACTION: finalize(")
+    pairs = [*pairs[:-1], pairs[-1].model_copy(update={"chosen": [{"role": "assistant", "content": last}]})]
+    write_pairs(tmp_path / "pairs.parquet", pairs)
+    kinds = [action_kind(p.chosen) for p in pairs]
+    want = [pairs[i].chosen[0]["content"] for i in balanced_indices(kinds, 3)]
+    assert len(set(kinds)) > 1 and len(want) > len(pairs)  # something is repeated
+    for source in (pairs, tmp_path / "pairs.parquet"):
+        assert [m[0]["content"] for m in _dataset(source, "sft", 3)["completion"]] == want
+        assert [m[0]["content"] for m in _dataset(source, "dpo", 3)["chosen"]] == want
+        assert len(_dataset(source, "sft")) == len(pairs)
 
 
 def _lora_b(path):
@@ -54,7 +85,7 @@ def test_dpo_trains_saves_and_resumes_trainable(tiny_dir, pairs, tmp_path):
     import json
 
     rows = json.loads((tmp_path / "a2" / "socialworld-train.json").read_text())["rows"]
-    assert rows["given"] == len(pairs) and 0 < rows["trained_on"] <= len(pairs)  # counted, prompts over max_length dropped
+    assert rows["pairs"] == rows["given"] == len(pairs) and 0 < rows["trained_on"] <= len(pairs)  # counted, prompts over max_length dropped
     # TRL drops every row whose prompt fills max_length: that is an error naming the setting, not a crash deep in TRL
     with pytest.raises(ValueError, match="max_length=16"):
         train_adapter(tiny_dir, tmp_path / "a3", TrainConfig(method="dpo", steps=1, batch_size=2, max_length=16), pairs=pairs)

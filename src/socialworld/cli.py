@@ -293,6 +293,7 @@ def loop_cmd(
     max_epochs: float = typer.Option(0.0, help=help_for(_TrainConfig(), "max_epochs")),
     dialogue_steps: int = typer.Option(0, help=help_for(_LoopConfig(), "dialogue_steps")),
     batch_size: int = typer.Option(4, help=help_for(_TrainConfig(), "batch_size")),
+    balance: int = typer.Option(0, help=help_for(_TrainConfig(), "balance")),
     lora_upper: float = typer.Option(1.0, help=help_for(_TrainConfig(), "lora_upper")),
     dtype: str = typer.Option("auto", help=help_for(_TrainConfig(), "dtype")),
     gating: str = typer.Option("strict", help="provenance gating: strict or off (ablation)"),
@@ -333,7 +334,7 @@ def loop_cmd(
                                        replay=replay, wake_chosen=wake_chosen, label_gate=label_gate, judge_margin=judge_margin),
                          train=TrainConfig(method=method, steps=steps, learning_rate=learning_rate, sft_weight=sft_weight,  # type: ignore[arg-type]
                                            lora_r=lora_r, lora_alpha=2 * lora_r, max_epochs=max_epochs, batch_size=batch_size,
-                                           lora_upper=lora_upper, dtype=dtype,  # type: ignore[arg-type]
+                                           balance=balance, lora_upper=lora_upper, dtype=dtype,  # type: ignore[arg-type]
                                            target_modules=tuple(m for m in target_modules.split(",") if m)))
     except ValueError as err:
         _fail(str(err))

@@ -129,7 +129,7 @@ WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
 ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "reference_episodes": 0, "dialogue_steps": 0, "judge": "",
                 "sleep": {"reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin",
                           "judge_margin": 2.0},
-                "train": {"max_epochs": 0.0, "lora_upper": 1.0, "dtype": "float32"}}
+                "train": {"max_epochs": 0.0, "lora_upper": 1.0, "dtype": "float32", "balance": 0}}
 """Config fields added after runs were written, each with the value that behaves as the code did
 before it: a stored config without one resumes as if it had that value. (Not every default
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""

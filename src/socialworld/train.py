@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
@@ -39,6 +41,9 @@ class TrainConfig:
     max_epochs: float = field(default=0.0, metadata={"help": (
         "at most this many passes over the rows (fewer steps on a small set; 0: steps alone decide)")})
     batch_size: int = field(default=4, metadata={"help": "pairs (or GRPO prompts x generations) per step"})
+    balance: int = field(default=0, metadata={"help": (
+        "sft/dpo: repeat each action kind's rows (the kind in the chosen turn's ACTION line) round(mean rows per kind / "
+        "its rows) times, at most this many (0: the rows as they are); rows without an ACTION line count once")})
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate of the LoRA weights"})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
@@ -72,6 +77,8 @@ class TrainConfig:
             raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         if self.steps < 1 or self.batch_size < 1 or self.max_epochs < 0:
             raise ValueError(f"steps and batch_size must be >= 1 and max_epochs >= 0, got {self.steps}, {self.batch_size}, {self.max_epochs}")
+        if self.balance < 0:
+            raise ValueError(f"balance must be >= 0, got {self.balance!r}")
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,29 @@ def _rows(pairs: Sequence[Pair], method: str) -> list[dict[str, Any]]:
     if method == "sft":
         return [{"prompt": p.prompt, "completion": p.chosen} for p in pairs]
     raise ValueError(method)
+
+
+_ACTION_KIND = re.compile(r"^ACTION:\s*(\w+)\(", re.MULTILINE)
+
+
+def action_kind(messages: Sequence[dict[str, str]]) -> str | None:
+    """The action kind a completion's ACTION line names (``propose`` in ``ACTION: propose(...)``), or None."""
+    m = _ACTION_KIND.search(messages[-1]["content"]) if messages else None
+    return m.group(1) if m else None
+
+
+def balanced_indices(kinds: Sequence[str | None], cap: int) -> list[int]:
+    """Row indices with each kind's rows repeated ``r_k = clamp(round(n / (K n_k)), 1, cap)`` times,
+    where ``n`` is the rows with a kind, ``K`` the kinds and ``n_k`` the rows of kind ``k`` (rows
+    of kind None once). The bundled model cloned the majority kind (``propose``, about 45% of the
+    action rows) at states where the expert negotiates, asks or finalizes; with each kind nearer an
+    equal share of the steps it takes those moves (docs/experiments/2026-11-24-balanced-kinds.md)."""
+    counts = Counter(k for k in kinds if k is not None)
+    if cap <= 0 or not counts:
+        return list(range(len(kinds)))
+    share = sum(counts.values()) / len(counts)
+    times = {k: max(1, min(cap, round(share / n))) for k, n in counts.items()}
+    return [i for i, k in enumerate(kinds) for _ in range(times[k] if k is not None else 1)]
 
 
 def compute_dtype(cfg: TrainConfig) -> str:
@@ -175,17 +205,31 @@ def load_trainable(base_path: str | Path, adapter: str | Path | None = None) -> 
     return model, tok
 
 
-def _dataset(pairs: Sequence[Pair] | str | Path, method: str) -> Any:
+def _dataset(pairs: Sequence[Pair] | str | Path, method: str, balance: int = 0) -> Any:
     """Pairs as a ``datasets.Dataset``: a pairs Parquet file is loaded as it is (TRL's
-    conversational columns, metadata columns dropped), or built from :class:`Pair` objects."""
+    conversational columns, metadata columns dropped), or built from :class:`Pair` objects; with
+    ``balance`` > 0 its rows repeated by :func:`balanced_indices`."""
     from datasets import Dataset
 
     if isinstance(pairs, (str, Path)):
         ds = Dataset.from_parquet(str(pairs))
         if method == "sft":
-            return ds.select_columns(["prompt", "chosen"]).rename_column("chosen", "completion")
-        return ds.select_columns(["prompt", "chosen", "rejected"])
-    return Dataset.from_list(_rows(pairs, method))
+            ds = ds.select_columns(["prompt", "chosen"]).rename_column("chosen", "completion")
+        else:
+            ds = ds.select_columns(["prompt", "chosen", "rejected"])
+    else:
+        ds = Dataset.from_list(_rows(pairs, method))
+    if balance > 0:
+        ds = ds.select(balanced_indices([action_kind(m) for m in ds["completion" if method == "sft" else "chosen"]], balance))
+    return ds
+
+
+def _count(pairs: Sequence[Pair] | str | Path) -> int:
+    if isinstance(pairs, (str, Path)):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(str(pairs)).metadata.num_rows
+    return len(pairs)
 
 
 def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path = (),
@@ -225,7 +269,7 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
         from trl import DPOConfig, DPOTrainer
 
         losses = {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, cfg.sft_weight]} if cfg.sft_weight else {}
-        data = _dataset(pairs, "dpo")
+        pairs_in, data = _count(pairs), _dataset(pairs, "dpo", cfg.balance)
         trainer = DPOTrainer(model=model, args=_args(cfg, scratch, DPOConfig, beta=cfg.beta, max_length=cfg.max_length,
                                                      max_steps=planned_steps(cfg, len(data)), **losses),
                              train_dataset=data, processing_class=tok,
@@ -233,7 +277,7 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
     elif cfg.method == "sft":
         from trl import SFTConfig
 
-        data = _dataset(pairs, "sft")
+        pairs_in, data = _count(pairs), _dataset(pairs, "sft", cfg.balance)
         trainer = _completion_sft_trainer()(model=model, args=_args(cfg, scratch, SFTConfig, max_length=cfg.max_length,
                                                      max_steps=planned_steps(cfg, len(data))),
                              train_dataset=data, processing_class=tok,
@@ -244,6 +288,7 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
         if specs is None:
             raise ValueError("grpo needs the scenario specs to restore snapshots")
         data = Dataset.from_list(list(grpo_rows))
+        pairs_in = len(data)
         trainer = GRPOTrainer(
             model=model, reward_funcs=[simulator_reward(specs)], processing_class=tok,
             args=_args(cfg, scratch, GRPOConfig, beta=cfg.beta, num_generations=cfg.num_generations,
@@ -253,7 +298,8 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
             train_dataset=data, peft_config=peft_config)
     else:
         raise ValueError(f"unknown training method {cfg.method!r}")
-    rows = {"given": len(data), "trained_on": len(trainer.train_dataset)}  # TRL drops prompts of max_length tokens or more
+    # pairs: rows before balancing; given: after it; TRL drops prompts of max_length tokens or more
+    rows = {"pairs": pairs_in, "given": len(data), "trained_on": len(trainer.train_dataset)}
     if not rows["trained_on"]:
         raise ValueError(f"all {rows['given']} training rows have prompts of max_length={cfg.max_length} tokens or more, "
                          "so TRL drops every one: raise max_length")
