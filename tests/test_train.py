@@ -38,9 +38,10 @@ def test_balance_repeats_rare_kinds_up_to_the_cap():
     assert action_kind(turn("negotiate(ann, x, a, pay)")) == "negotiate" and action_kind(turn("end()")) == "end"
     assert action_kind([{"role": "assistant", "content": "SAY: hi"}]) is None and action_kind([]) is None
     kinds = ["propose"] * 8 + ["finalize"] * 2 + ["approach"] + [None]
-    # 11 rows with a kind over 3 kinds: a share of 11/3; propose once, finalize round(1.83) = 2, approach 4 (capped)
+    # against the majority's 8 rows: propose once, finalize round(8 / 2) = 4 times, approach 8 -> 4 (capped)
     got = balanced_indices(kinds, 4)
-    assert [kinds[i] for i in got].count("finalize") == 4 and got.count(10) == 4 and got.count(11) == 1
+    assert [kinds[i] for i in got].count("finalize") == 8 and got.count(10) == 4 and got.count(11) == 1
+    assert balanced_indices(["propose"] * 5 + ["finalize"] * 2, 4).count(5) == 2  # round(2.5) = 2
     assert [kinds[i] for i in got].count("propose") == 8 and got == sorted(got)
     assert balanced_indices(kinds, 2).count(10) == 2  # the cap
     assert balanced_indices(kinds, 0) == list(range(12)) and balanced_indices([None, None], 4) == [0, 1]

@@ -42,7 +42,7 @@ class TrainConfig:
         "at most this many passes over the rows (fewer steps on a small set; 0: steps alone decide)")})
     batch_size: int = field(default=4, metadata={"help": "pairs (or GRPO prompts x generations) per step"})
     balance: int = field(default=0, metadata={"help": (
-        "sft/dpo: repeat each action kind's rows (the kind in the chosen turn's ACTION line) round(mean rows per kind / "
+        "sft/dpo: repeat each action kind's rows (the kind in the chosen turn's ACTION line) round(rows of the most common kind / "
         "its rows) times, at most this many (0: the rows as they are); rows without an ACTION line count once")})
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate of the LoRA weights"})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
@@ -111,16 +111,16 @@ def action_kind(messages: Sequence[dict[str, str]]) -> str | None:
 
 
 def balanced_indices(kinds: Sequence[str | None], cap: int) -> list[int]:
-    """Row indices with each kind's rows repeated ``r_k = clamp(round(n / (K n_k)), 1, cap)`` times,
-    where ``n`` is the rows with a kind, ``K`` the kinds and ``n_k`` the rows of kind ``k`` (rows
-    of kind None once). The bundled model cloned the majority kind (``propose``, about 45% of the
-    action rows) at states where the expert negotiates, asks or finalizes; with each kind nearer an
-    equal share of the steps it takes those moves (docs/experiments/2026-11-24-balanced-kinds.md)."""
+    """Row indices with each kind's rows repeated ``r_k = clamp(round(n_max / n_k), 1, cap)`` times,
+    where ``n_k`` is the rows of kind ``k`` and ``n_max`` those of the most common kind (rows of
+    kind None once). The bundled model cloned the majority kind (``propose``, about 45% of the
+    action rows) at states where the expert negotiates, asks or finalizes; with every other kind
+    nearer the majority's weight it takes those moves (docs/experiments/2026-11-24-balanced-kinds.md)."""
     counts = Counter(k for k in kinds if k is not None)
     if cap <= 0 or not counts:
         return list(range(len(kinds)))
-    share = sum(counts.values()) / len(counts)
-    times = {k: max(1, min(cap, round(share / n))) for k, n in counts.items()}
+    most = max(counts.values())
+    times = {k: max(1, min(cap, round(most / n))) for k, n in counts.items()}
     return [i for i, k in enumerate(kinds) for _ in range(times[k] if k is not None else 1)]
 
 
