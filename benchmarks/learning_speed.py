@@ -6,7 +6,7 @@ throughput on the same prompts.
 Run: ``python benchmarks/learning_speed.py`` (about 3 minutes on 2 cores); ``--steps``,
 ``--turns`` and ``--lm-batch`` change the sample. ``--json PATH`` also writes the numbers.
 
-* training: :func:`socialworld.train.train_adapter` under ``bench.RECIPE_TRAIN`` (the default
+* training: :func:`socialworld.learn.train.train_adapter` under ``bench.RECIPE_TRAIN`` (the default
   preset's trainer, LoRA and dtype) on expert reference pairs (``bench.RECIPE_SLEEP``'s
   ``own`` labels) at training seeds of every shipped scenario; seconds per step =
   ``trainer.train()`` wall / steps (the first step's warm-up included, trainer set-up not).
@@ -28,19 +28,18 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from socialworld.bench import RECIPE_SLEEP, RECIPE_TRAIN
-from socialworld.evaluate import episode_seeds
-from socialworld.lm import make_lm_policy
-from socialworld.lm.models import auto_dtype, bundled_path, load_hf
-from socialworld.lm.prompts import build_messages
-from socialworld.loop import train_seeds
-from socialworld.policies import make_policy
-from socialworld.runner import EpisodeJob, run_episodes
-from socialworld.sleep import GatingReport, reference_pairs
-from socialworld.spec import capped, load_builtin_scenarios
-from socialworld.train import compute_dtype, train_adapter
-from socialworld.visibility import observe
-from socialworld.world import World
+from socialworld.agents.lm.prompts import build_messages
+from socialworld.agents.models import auto_dtype, bundled_path, load_hf
+from socialworld.agents.registry import make_lm_policy, make_policy
+from socialworld.bench.config import RECIPE_SLEEP, RECIPE_TRAIN
+from socialworld.learn.loop import train_seeds
+from socialworld.learn.sleep import GatingReport, reference_pairs
+from socialworld.learn.train import compute_dtype, train_adapter
+from socialworld.rollout.evaluate import episode_seeds
+from socialworld.rollout.runner import EpisodeJob, run_episodes
+from socialworld.world.engine import World
+from socialworld.world.spec import capped, load_builtin_scenarios
+from socialworld.world.visibility import observe
 
 
 def cpu() -> dict:

@@ -12,26 +12,25 @@ Use ``--model PATH`` for any local model folder.
   overheads included: prompt prefill, prompt building, parsing, the world, records). In
   constrained mode a completion's tokens include the grammar's forced tokens (``BELIEF:``, NPC
   ids, ``mood=``), which cost a forward pass like any other token but are not chosen.
-Goal (issue 3): achieved / raw >= 0.7.
+Goal: achieved / raw >= 0.7.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-
 from pathlib import Path
 
-from socialworld.lm.backends import HFBackend
-from socialworld.lm.models import bundled_path, load_hf, parse_model_spec
-from socialworld.lm.policy import LMPolicy
-from socialworld.lm.prompts import build_messages
-from socialworld.metrics import aggregate, group_by
+from socialworld.agents.lm.backends import HFBackend
+from socialworld.agents.lm.policy import LMPolicy
+from socialworld.agents.lm.prompts import build_messages
+from socialworld.agents.models import bundled_path, load_hf, parse_model_spec
+from socialworld.metrics.core import aggregate, group_by
 from socialworld.records import write_jsonl
-from socialworld.runner import EpisodeJob, run_episodes
-from socialworld.spec import resolve_scenarios
-from socialworld.visibility import observe
-from socialworld.world import World
+from socialworld.rollout.runner import EpisodeJob, run_episodes
+from socialworld.world.engine import World
+from socialworld.world.spec import resolve_scenarios
+from socialworld.world.visibility import observe
 
 
 def main() -> None:

@@ -18,10 +18,10 @@ import time
 
 
 def _prompts() -> list[list[dict[str, str]]]:
-    from socialworld.lm.prompts import build_messages
-    from socialworld.spec import load_builtin_scenarios
-    from socialworld.visibility import observe
-    from socialworld.world import World
+    from socialworld.agents.lm.prompts import build_messages
+    from socialworld.world.engine import World
+    from socialworld.world.spec import load_builtin_scenarios
+    from socialworld.world.visibility import observe
 
     return [build_messages(observe(s, World(s, seed=0).pub)) for s in load_builtin_scenarios().values()]
 
@@ -59,9 +59,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     args = ap.parse_args()
 
-    from socialworld.lm import make_backend
-    from socialworld.lm.models import cpu_description
-    from socialworld.lm.server import HFGenerate, make_app
+    from socialworld.agents.lm.server import HFGenerate, make_app
+    from socialworld.agents.models import cpu_description
+    from socialworld.agents.registry import make_backend
     from socialworld.testing import serving
 
     backend = make_backend(args.model, max_new_tokens=args.max_tokens)

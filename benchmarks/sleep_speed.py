@@ -7,7 +7,7 @@ expert reference episodes per scenario, the default preset's sleep, a local Ray 
 * a counterfactual evaluation = one continuation rollout (fork, reseed, step the candidate,
   then the continuation policy for up to ``horizon`` steps); counted in the one-process pass
   (the Ray pass does the same work: its pairs are checked equal);
-* the sleep pass = :func:`socialworld.sleep.candidate_pairs` then screening and gating, as the
+* the sleep pass = :func:`socialworld.learn.sleep.candidate_pairs` then screening and gating, as the
   loop runs it (``bench.RECIPE_SLEEP``: DAgger labels at the wake's states, the expert's own
   actions at the reference states, dialogue and counterfactual-utterance pairs);
 * the projection: the measured one-process seconds per scored episode of each kind, times the
@@ -23,13 +23,13 @@ import argparse
 import time
 from collections import defaultdict
 
-from socialworld import sleep
-from socialworld.bench import PRESETS, RECIPE_SLEEP
-from socialworld.policies import make_policy
-from socialworld.runner import EpisodeJob, run_episodes
-from socialworld.lm.models import cpu_description
-from socialworld.sleep import GatingReport, candidate_pairs, screen_and_gate
-from socialworld.spec import resolve_scenarios
+from socialworld.agents.models import cpu_description
+from socialworld.agents.registry import make_policy
+from socialworld.bench.config import PRESETS, RECIPE_SLEEP
+from socialworld.learn import sleep
+from socialworld.learn.sleep import GatingReport, candidate_pairs, screen_and_gate
+from socialworld.rollout.runner import EpisodeJob, run_episodes
+from socialworld.world.spec import resolve_scenarios
 
 KINDS = ("action", "reference", "dialogue", "utterance")
 

@@ -7,7 +7,7 @@ Run: ``python benchmarks/world_speed.py`` (add ``--quick`` for a short run).
   (``run_episodes``) for comparison.
 * fork: ``world.fork()`` latency on mid-episode worlds of every scenario.
 * snapshot: ``snapshot_json()`` and ``World.restore`` latency.
-Goals (issue 2): >= 5,000 expert steps/s and fork < 200 µs.
+Goals: >= 5,000 expert steps/s and fork < 200 µs.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import os
 import statistics
 import time
 
-from socialworld.policies import ExpertPolicy
-from socialworld.runner import EpisodeJob, run_episodes
-from socialworld.spec import load_builtin_scenarios
-from socialworld.visibility import observe
-from socialworld.world import World
+from socialworld.agents.scripted import ExpertPolicy
+from socialworld.rollout.runner import EpisodeJob, run_episodes
+from socialworld.world.engine import World
+from socialworld.world.spec import load_builtin_scenarios
+from socialworld.world.visibility import observe
 
 
 def env_steps_per_s(specs, episodes: int) -> tuple[float, int]:

@@ -1,5 +1,5 @@
 """Train a language model on a socialworld Gymnasium environment with TRL's GRPO: someone else's
-RL loop, our world as the environment. Only the public Gymnasium API of ``socialworld.gym`` is used.
+RL loop, our world as the environment. Only the public Gymnasium API of ``socialworld.rollout.gym`` is used.
 
 States: for each seed, ``env.reset(seed=...)`` and a few seeded random legal moves (the env's
 ``info["legal_actions"]``), keeping each state's chat (``info["messages"]``) and
@@ -23,7 +23,7 @@ from typing import Any
 
 import gymnasium
 
-import socialworld.gym  # noqa: F401  (registers the socialworld/<scenario> ids)
+import socialworld.rollout.gym  # noqa: F401  (registers the socialworld/<scenario> ids)
 
 
 def states(env_id: str, seeds: int, depth: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from trl import GRPOConfig, GRPOTrainer
 
     if args.model == "bundled":
-        from socialworld.lm.models import bundled_path
+        from socialworld.agents.models import bundled_path
 
         args.model = str(bundled_path())
     rows = states(args.env, args.seeds, args.depth)

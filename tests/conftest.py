@@ -1,24 +1,20 @@
 import pytest
 
-from socialworld.spec import load_builtin_scenarios
+from socialworld.testing import write_user_scenario
+from socialworld.world.spec import load_builtin_scenarios
+
+
+def pytest_configure(config):
+    """One torch thread per test process: the tests' models are tiny (threads cost more than they
+    give), and the default suite runs one process per core (pytest-xdist)."""
+    import os
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
 def specs():
     return load_builtin_scenarios()
-
-
-def write_user_scenario(path, base="team_lunch", id="my_lunch-v1", name="My team lunch"):
-    """A user's scenario file outside the package: a copy of a shipped one with its own id and name."""
-    import yaml
-
-    from socialworld.spec import builtin_scenario_files
-
-    (src,) = [p for p in builtin_scenario_files() if p.stem == base]
-    data = yaml.safe_load(src.read_text())
-    data.update(id=id, name=name)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 @pytest.fixture

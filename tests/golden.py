@@ -3,7 +3,10 @@
 Per shipped scenario and seed: the episode records of the expert, the oracle and the random
 policy (canonical JSONL, :func:`socialworld.records.to_jsonl`), and the counterfactual action
 pairs the sleep phase scores from the random policy's episodes against the expert's (a default
-:class:`~socialworld.sleep.SleepConfig` with reference pairs at the expert's states). ``python
+:class:`~socialworld.learn.sleep.SleepConfig` with reference pairs at the expert's states), and which
+of them screening and gating keep. (The pair hashes were rewritten once, when pairs gained
+``chosen_by`` as pair-v3; ``pairs-as-v2/<scenario id>`` hashes the same pairs as pair-v2 wrote them,
+and its stored values are the pair hashes stored before that change.) ``python
 tests/golden.py --write`` stores them in ``tests/data/golden-runs.json``; ``tests/test_golden.py``
 checks them. Rewrite the file only for a change that means to alter behaviour, and say so."""
 from __future__ import annotations
@@ -13,12 +16,13 @@ import json
 import sys
 from pathlib import Path
 
-from socialworld.evaluate import episode_seeds
-from socialworld.policies import make_policy
+from socialworld.agents.registry import make_policy
+from socialworld.learn.config import SleepConfig
+from socialworld.learn.sleep import run_sleep
 from socialworld.records import atomic_write_text, to_jsonl
-from socialworld.runner import EpisodeJob, run_episodes
-from socialworld.sleep import GatingReport, SleepConfig, candidate_pairs
-from socialworld.spec import load_builtin_scenarios
+from socialworld.rollout.evaluate import episode_seeds
+from socialworld.rollout.runner import EpisodeJob, run_episodes
+from socialworld.world.spec import load_builtin_scenarios
 
 STORED = Path(__file__).parent / "data" / "golden-runs.json"
 SEEDS = 2
@@ -29,7 +33,8 @@ def _sha(text: str) -> str:
 
 
 def run_hashes() -> dict[str, str]:
-    """``{"<policy>/<scenario id>": sha256, "pairs/<scenario id>": sha256}`` of the runs above."""
+    """``{"<policy>/<scenario id>": sha256, "pairs/<scenario id>": sha256, "gated/<scenario id>": sha256}``
+    of the runs above (``gated``: the ids of the pairs screening and gating keep, and the counts)."""
     specs = load_builtin_scenarios()
     out: dict[str, str] = {}
     episodes = {}
@@ -43,8 +48,12 @@ def run_hashes() -> dict[str, str]:
     cfg = SleepConfig(reference_pairs="own")
     for sid in specs:
         wake = [e for e in episodes["random"] if e.scenario_id == sid]
-        pairs = candidate_pairs(specs, wake, {k: v for k, v in reference.items() if k[0] == sid}, cfg, GatingReport())
-        out[f"pairs/{sid}"] = _sha("\n".join(p.model_dump_json() for p in pairs))
+        result = run_sleep(specs, wake, {k: v for k, v in reference.items() if k[0] == sid}, cfg)
+        out[f"pairs/{sid}"] = _sha("\n".join(p.model_dump_json() for p in result.candidates))
+        # the same pairs as pair-v2 wrote them (no chosen_by): equal to the hashes stored before pair-v3
+        out[f"pairs-as-v2/{sid}"] = _sha("\n".join(
+            p.model_copy(update={"schema_version": "pair-v2"}).model_dump_json(exclude={"chosen_by"}) for p in result.candidates))
+        out[f"gated/{sid}"] = _sha(json.dumps({"kept": [p.id for p in result.kept], "report": result.report.as_dict()}, sort_keys=True))
     return out
 
 

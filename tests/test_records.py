@@ -1,9 +1,9 @@
 import json
 
-from socialworld.policies import make_policy
+from socialworld.agents.registry import make_policy
 from socialworld.records import read_jsonl, read_parquet, write_jsonl, write_parquet
-from socialworld.runner import EpisodeJob, run_episodes
-from socialworld.s3ap import agent_trace, from_s3ap, to_s3ap
+from socialworld.rollout.runner import EpisodeJob, run_episodes
+from socialworld.swm.s3ap import agent_trace, from_s3ap, to_s3ap
 from socialworld.testing import FixedPolicy, tiny_spec
 
 
@@ -87,9 +87,9 @@ def test_any_model_text_round_trips_through_records(tmp_path):
 
 
 def test_reply_parser_breaks_lines_at_newline_only():
-    from socialworld.lm.prompts import parse_output
-    from socialworld.visibility import observe
-    from socialworld.world import World
+    from socialworld.agents.lm.prompts import parse_output
+    from socialworld.world.engine import World
+    from socialworld.world.visibility import observe
 
     obs = observe(tiny_spec(), World(tiny_spec(), 0).pub)
     for sep in ("\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\r"):

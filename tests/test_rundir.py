@@ -69,7 +69,8 @@ def test_a_crash_mid_write_leaves_nothing(tmp_path):
 def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
     """A run folder scored under metrics-v1 (its config has no metrics_contract) is never resumed
     by a version that scores under metrics-v2: its numbers would be mixed with ours."""
-    from socialworld.loop import LoopConfig, config_doc
+    from socialworld.learn.config import LoopConfig
+    from socialworld.learn.loop import config_doc
 
     doc = config_doc(LoopConfig(out=str(tmp_path)), {})
     assert doc["metrics_contract"] == "metrics-v2"
@@ -83,21 +84,23 @@ def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
 
 def test_a_run_of_another_pair_format_is_refused(tmp_path):
     """A run whose action pairs ended at the ACTION line (pair-v1: its config has no pair_schema)
-    is neither resumed nor re-gated by a version that writes pair-v2: replay would mix the two."""
-    from socialworld.loop import LoopConfig, config_doc, regate
+    is neither resumed nor re-gated by a version that writes pair-v3: replay would mix the two."""
+    from socialworld.learn.config import LoopConfig
+    from socialworld.learn.loop import config_doc, regate
 
     doc = config_doc(LoopConfig(out=str(tmp_path)), {})
-    assert doc["pair_schema"] == "pair-v2"
+    assert doc["pair_schema"] == "pair-v3"
     RunDir(tmp_path).write_config({k: v for k, v in doc.items() if k != "pair_schema"})
-    with pytest.raises(ValueError, match="training pairs are pair-v1, this version writes pair-v2"):
+    with pytest.raises(ValueError, match="training pairs are pair-v1, this version writes pair-v3"):
         RunDir(tmp_path).write_config(doc)
-    with pytest.raises(ValueError, match="pair-v1, this version builds pair-v2"):
+    with pytest.raises(ValueError, match="pair-v1, this version builds pair-v3"):
         regate(tmp_path, 1, {})
 
 
 def test_reuse_from_a_run_of_another_metrics_contract_is_refused(tmp_path):
-    from socialworld.loop import LoopConfig, _reuse, config_doc
-    from socialworld.metrics import ContractMismatch
+    from socialworld.learn.config import LoopConfig
+    from socialworld.learn.loop import _reuse, config_doc
+    from socialworld.metrics.core import ContractMismatch
 
     src = RunDir(tmp_path / "old")
     cfg = LoopConfig(out=str(tmp_path / "old"))

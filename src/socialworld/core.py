@@ -3,7 +3,7 @@
 Everything else plugs into these few types:
 
 * :class:`Observation` — the agent's view of the world, built by
-  :func:`socialworld.visibility.observe` from public state only. It has no field that can
+  :func:`socialworld.world.visibility.observe` from public state only. It has no field that can
   hold a hidden value (utilities, thresholds, moods, trust, unconfided secrets).
 * :class:`MentalState` — the agent's stated estimate of each NPC's preferred option per
   slot and mood bucket (what the U metric scores).
@@ -147,7 +147,7 @@ class Decision:
     tokens_out: int = 0
     latency_s: float = 0.0
     foresight: Mapping | None = None
-    """a :class:`~socialworld.foresee.ForeseeAndAct` trace (draft, foreseen candidates, choice)"""
+    """a :class:`~socialworld.swm.foresee.ForeseeAndAct` trace (draft, foreseen candidates, choice)"""
     prompt: tuple[str, tuple[tuple[str, str], ...]] | None = None
     """a language model's prompt: (template version, ((role, content), ...)) as sent"""
     failure: Literal["endpoint"] | None = None
@@ -247,7 +247,7 @@ class Line:
 @dataclass(frozen=True, slots=True)
 class Memory:
     """What the agent remembers of earlier episodes with the same cast (episode chains), built
-    from those episodes' public records only (see :mod:`socialworld.chain`)."""
+    from those episodes' public records only (see :mod:`socialworld.swm.chain`)."""
 
     mode: Literal["full", "summary"]
     lines: tuple[str, ...]
@@ -324,7 +324,7 @@ class HiddenView:
     tags_to_invalidate: frozenset[str] = frozenset()
     """option tags a scheduled (not yet fired) event will make unavailable"""
     spec: object = None
-    """the full :class:`~socialworld.spec.ScenarioSpec` (hidden distributions included)"""
+    """the full :class:`~socialworld.world.spec.ScenarioSpec` (hidden distributions included)"""
     fork: Callable[[], object] | None = None
     """an independent copy of the world, RNG position included (the simulator as an exact world
     model for lookahead; stepping the copy never changes the episode)"""

@@ -1,4 +1,4 @@
-"""Typed, versioned five-dimensional trajectory records (DESIGN §4).
+"""Typed, versioned five-dimensional trajectory records (contract §4).
 
 A :class:`StepRecord` carries the five dimensions — setting, observation, mental state,
 action, dialogue — plus its signals (each a :class:`Signal` with provenance) and the
@@ -14,13 +14,13 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Literal, TypeVar
+from typing import Any, Final, Iterable, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-STEP_SCHEMA = "step-v1"
-EPISODE_SCHEMA = "episode-v1"
-JUDGE_SCHEMA = "judge-v1"
+STEP_SCHEMA: Final = "step-v1"
+EPISODE_SCHEMA: Final = "episode-v1"
+JUDGE_SCHEMA: Final = "judge-v1"
 
 R = TypeVar("R", bound=BaseModel)
 TMP_MARK = "swtmp-"
@@ -31,6 +31,17 @@ Source = Literal["direct", "fused", "degraded", "proxy", "missing"]
 
 class _Rec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Document(BaseModel):
+    """A typed result file (a command's JSON document), or a part of one: a file's top-level type
+    names its ``schema_version``; :meth:`to_json` is the file's canonical text (every field, nulls
+    included)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
 
 
 class Signal(_Rec):
@@ -158,7 +169,7 @@ class FinalState(_Rec):
 
 class Metrics(_Rec):
     contract: str = "metrics-v1"
-    """the metrics contract the values were computed under (DESIGN §5.1); records written before
+    """the metrics contract the values were computed under (contract §5.1); records written before
     the field existed were made under ``metrics-v1`` (guards counted in CR)"""
     U: Signal
     A_e: Signal
@@ -216,7 +227,7 @@ class EpisodeRecord(_Rec):
 
 
 class JudgeRec(_Rec):
-    """An LM judge's scores of one episode (DESIGN §3.5), kept beside the episode's records and
+    """An LM judge's scores of one episode (contract §3.5), kept beside the episode's records and
     never in place of the rule metrics. Each score is a :class:`Signal` with source ``proxy`` and
     detail ``llm_judge:<model>``; a judge that gave no usable reply leaves ``scores`` empty and
     says why in ``failure`` (``endpoint``: no reply; ``unparseable``: a reply without every

@@ -1,4 +1,4 @@
-"""A resumable, auditable run directory (DESIGN §9).
+"""A resumable, auditable run directory (contract §9).
 
 ``runs/<run-id>/`` holds ``config.yaml``, ``manifest.json`` and the run's artifacts. Every
 artifact is written atomically (temporary name, then rename) and then *committed* to the
@@ -24,12 +24,13 @@ import re
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import yaml
 
-from .records import TMP_MARK, atomic_write_text
+from socialworld.records import TMP_MARK, atomic_write_text
 
 MANIFEST_VERSION = "manifest-v1"
 CONTRACT_KEY = "metrics_contract"
@@ -216,3 +217,61 @@ class RunDir:
         except (OSError, ValueError):  # absent or damaged: times are a convenience, never a reason to stop a run
             return {}
         return doc if isinstance(doc, dict) else {}
+
+
+@dataclass(frozen=True)
+class CycleFiles:
+    """Where a loop run keeps cycle ``c``'s artifacts, relative to the run folder: the paths the
+    loop writes and the bench and ``gate`` read. (:func:`socialworld.agents.models.find_adapters`
+    still finds a run's adapters by globbing ``cycle-*/train/*/adapter``.)"""
+
+    c: int
+
+    @property
+    def root(self) -> str:
+        return f"cycle-{self.c}"
+
+    @property
+    def wake(self) -> str:
+        """the deployed policy's episodes on training seeds"""
+        return f"{self.root}/wake/episodes.jsonl"
+
+    @property
+    def reference(self) -> str:
+        """the continuation policy's episodes on training seeds"""
+        return f"{self.root}/wake/reference.jsonl"
+
+    @property
+    def wake_judged(self) -> str:
+        """an LM judge's record of the wake and reference episodes"""
+        return f"{self.root}/wake/judge.jsonl"
+
+    @property
+    def sleep(self) -> str:
+        """the sleep phase's folder: pairs per track and ``gating.json``"""
+        return f"{self.root}/sleep"
+
+    def pairs(self, track: str) -> str:
+        return f"{self.sleep}/pairs-{track}.parquet"
+
+    @property
+    def gating(self) -> str:
+        return f"{self.sleep}/gating.json"
+
+    def adapter(self, name: str) -> str:
+        """the LoRA adapter trained this cycle for ``name`` (a track, or ``merged``)"""
+        return f"{self.root}/train/{name}/adapter"
+
+    @property
+    def eval(self) -> str:
+        """the deployed policy's episodes on evaluation seeds (cycle 0: the untrained policy)"""
+        return f"{self.root}/eval/episodes.jsonl"
+
+    @property
+    def summary(self) -> str:
+        return f"{self.root}/summary.json"
+
+
+def cycle_files(c: int) -> CycleFiles:
+    """The paths of cycle ``c`` in a loop run folder."""
+    return CycleFiles(c)

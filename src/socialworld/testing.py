@@ -9,9 +9,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Sequence
 
-from .core import Action, Decision, MentalState, Observation
-from .spec import ScenarioSpec, parse_spec
-from .world import World
+from socialworld.core import Action, Decision, MentalState, Observation
+from socialworld.world.engine import World
+from socialworld.world.spec import ScenarioSpec, parse_spec
 
 
 def tiny_spec_data(**overrides) -> dict:
@@ -100,8 +100,8 @@ class FixedPolicy:
 def drive(world: World, policy, steps: int | None = None, key: str = "k") -> World:
     """Advance ``world`` with ``policy`` for ``steps`` steps (or to the end); returns the world.
     Hands hidden views only to privileged policies, like the runner."""
-    from .runner import decide
-    from .visibility import observe
+    from socialworld.rollout.runner import decide
+    from socialworld.world.visibility import observe
 
     policy.reset([key])
     n = 0
@@ -128,8 +128,8 @@ def tiny_lm(folder, seed: int = 0, vocab_size: int = 600):
     from tokenizers import ByteLevelBPETokenizer
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from . import templates
-    from .spec import load_builtin_scenarios
+    from socialworld.text import templates
+    from socialworld.world.spec import load_builtin_scenarios
 
     folder = Path(folder)
     corpus = [t for t in vars(templates).values() if isinstance(t, str)]
@@ -162,7 +162,7 @@ def random_adapter(base, folder, seed: int = 1, base_name: str | None = None):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from .lm.models import load_hf
+    from socialworld.agents.models import load_hf
 
     torch.manual_seed(seed)
     cfg = LoraConfig(r=4, lora_alpha=512, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
@@ -176,12 +176,12 @@ def random_adapter(base, folder, seed: int = 1, base_name: str | None = None):
 
 @contextmanager
 def serving(app):
-    """Serve an ASGI ``app`` (e.g. :func:`socialworld.lm.server.make_app`) with uvicorn on a free
+    """Serve an ASGI ``app`` (e.g. :func:`socialworld.agents.lm.server.make_app`) with uvicorn on a free
     local port in a background thread; yields its ``http://127.0.0.1:<port>/v1`` base URL."""
     import threading
     import time
 
-    from .lm.server import bind, server_for
+    from socialworld.agents.lm.server import bind, server_for
 
     sock = bind("127.0.0.1", 0)
     server = server_for(app, sock)
@@ -226,9 +226,22 @@ def stub_endpoint(reply):
             self.wfile.write(data)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()  # shutdown waits one poll
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def write_user_scenario(path, base="team_lunch", id="my_lunch-v1", name="My team lunch"):
+    """A user's scenario file outside the package: a copy of a shipped one with its own id and name."""
+    import yaml
+
+    from socialworld.world.spec import builtin_scenario_files
+
+    (src,) = [p for p in builtin_scenario_files() if p.stem == base]
+    data = yaml.safe_load(src.read_text())
+    data.update(id=id, name=name)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -1,0 +1,1 @@
+"""Language-model policies: backends (local Hugging Face, OpenAI-compatible), grammar-constrained decoding, the server."""

@@ -1,0 +1,74 @@
+"""The policy registry: one spec string builds any policy — ``random``, ``expert``, ``oracle``, the
+bundled SmolLM2, any Hugging Face model or adapters folder, any OpenAI-compatible server (``openai:``).
+Language-model code (torch, transformers) is imported only when a model is built."""
+
+from __future__ import annotations
+
+from socialworld.agents.models import parse_model_spec
+from socialworld.agents.scripted import ExpertPolicy, OraclePolicy, RandomPolicy
+from socialworld.core import Policy, PrivilegedPolicy
+
+
+def make_policy(name: str, seed: int = 0, **lm_options) -> Policy | PrivilegedPolicy:
+    """Build a policy from its spec string: ``random``, ``expert``, ``oracle``, or a model spec
+    (``bundled``, a local path or hub id, ``openai:<model>@<base_url>``; see :mod:`socialworld.agents.registry`)."""
+    if name == "random":
+        return RandomPolicy(seed)
+    if name == "expert":
+        return ExpertPolicy()
+    if name == "oracle":
+        return OraclePolicy()
+    return make_lm_policy(name, **lm_options)
+
+
+def make_backend(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16, dtype: str = "auto", timeout_s: float = 60.0):
+    """A text backend for a model spec string: :class:`~socialworld.agents.lm.backends.HFBackend` for
+    local models, :class:`~socialworld.agents.lm.backends.OpenAIBackend` for ``openai:`` specs. A local
+    model with adapters generates under its ``action`` adapter (the one that writes the BELIEF and
+    ACTION lines; the ``dialogue`` one where it has no other). ``timeout_s`` bounds each request to an endpoint."""
+    from socialworld.agents.lm.backends import HFBackend, OpenAIBackend
+    from socialworld.agents.models import bundled_path, find_adapters, load_with_adapters
+
+    ms = parse_model_spec(spec)
+    if ms.kind == "openai":
+        return OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size, timeout_s=timeout_s)
+    if ms.kind in ("bundled", "hf"):
+        found = {k: str(v) for k, v in find_adapters(ms.adapters).items()} if ms.adapters else {}
+        model, tok, _ = load_with_adapters(bundled_path() if ms.kind == "bundled" else ms.name, found, dtype=dtype)
+        if found:
+            model.set_adapter("action" if "action" in found else "dialogue")
+        return HFBackend(model, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    raise ValueError(f"{spec!r} is a scripted policy, not a language model")
+
+
+def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16, dtype: str = "auto",
+                   decoding: str = "auto", adapters: dict[str, str] | None = None, timeout_s: float = 60.0):
+    """Build an :class:`~socialworld.agents.lm.policy.LMPolicy` from a model spec string; ``adapters``
+    ``{"action": path, "dialogue": path}`` deploys trained LoRA adapters on a local model (as
+    does a spec's ``+<adapters folder>``); ``timeout_s`` bounds each request to an ``openai:`` endpoint."""
+    from socialworld.agents.lm.backends import HFBackend, OpenAIBackend
+    from socialworld.agents.lm.policy import LMPolicy
+    from socialworld.agents.models import bundled_path, find_adapters, load_with_adapters
+
+    ms = parse_model_spec(spec)
+    if ms.adapters:
+        if adapters:
+            raise ValueError(f"{spec!r} names its adapters; do not pass adapters as well")
+        adapters = {k: str(v) for k, v in find_adapters(ms.adapters).items()}
+    if ms.kind == "openai":
+        # constrained: the server constrains each reply to the grammar (vLLM's structured outputs);
+        # auto stays free, since other servers reject the field
+        return LMPolicy(OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size,  # type: ignore[arg-type]
+                                      timeout_s=timeout_s),
+                        decoding="constrained" if decoding == "constrained" else "free")
+    if ms.kind in ("bundled", "hf"):
+        path = bundled_path() if ms.kind == "bundled" else ms.name
+        model, tok, digest = load_with_adapters(path, adapters or {}, dtype=dtype)
+        backend = HFBackend(model, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        if set(adapters or {}) - {"action", "dialogue"}:
+            raise ValueError(f"adapters must be named action and/or dialogue, got {sorted(adapters or {})}")
+        tracks = (("action" if "action" in adapters else "__base__", "dialogue" if "dialogue" in adapters else "__base__")
+                  if adapters else None)
+        return LMPolicy(backend, base_model=ms.display, decoding="constrained" if decoding == "auto" else decoding,
+                        adapter_hash=digest, adapters=tracks)
+    raise ValueError(f"{spec!r} is a scripted policy, not a language model")

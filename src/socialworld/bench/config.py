@@ -1,0 +1,124 @@
+"""The bench's config, presets and the learning recipe. Light to import: the command line builds its
+options from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from socialworld.agents.models import parse_model_spec
+from socialworld.config import at_least, one_of
+from socialworld.learn.config import LoopConfig, SleepConfig, TrainConfig
+from socialworld.metrics.lifelong import TIERS
+from socialworld.rollout.config import RAY_HELP, check_judge, check_ray
+
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+RECIPE_SLEEP = SleepConfig(reference_pairs="own", wake_chosen="continuation", label_gate="disagree", replay=0.5)
+"""The sleep that teaches (DAgger): the expert's own actions at its states on training seeds, the
+expert's label at every state of the policy's wake where it disagrees, and earlier cycles' pairs
+replayed (up to half as many as this cycle's: no forgetting, without drowning the new tier)."""
+
+
+RECIPE_TRAIN = TrainConfig(method="sft", steps=130, max_epochs=3.0, batch_size=4, learning_rate=1e-3,
+                           target_modules=ALL_LINEAR, lora_upper=0.5, balance=4)
+"""Behaviour cloning of those labels with TRL's SFTTrainer: LoRA on every linear layer of the upper
+half, lr 1e-3 (what fitted the labels, docs/design.md), each action kind weighted toward the most common one (rows repeated up to 4
+times: the cloned policy otherwise proposes where the expert negotiates or finalizes), bf16 where native."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """The budget and recipe of a bench run."""
+
+    eval_episodes: int
+    train_episodes: int
+    """wake episodes of the deployed policy per scenario per cycle (language-model time)"""
+    reference_episodes: int = 0
+    """expert episodes per scenario per cycle on training seeds (no language-model time)"""
+    train: TrainConfig = RECIPE_TRAIN
+    sleep: SleepConfig = RECIPE_SLEEP
+    dialogue_steps: int = 20
+    """cap on the dialogue track's steps per cycle"""
+    scenarios: tuple[str, ...] = ()
+    """a subset of scenario ids (empty: all eight)"""
+    max_turns: int = 0
+    """cap on every scenario's turn budget (0: the scenario's own)"""
+
+
+PRESETS: dict[str, Preset] = {
+    # one scenario per tier, one evaluation seed each, episodes cut at 4 turns, one wake episode and
+    # one training step on one row per cycle: does the whole protocol run (its numbers mean little)
+    "smoke": Preset(eval_episodes=1, train_episodes=1, train=replace(RECIPE_TRAIN, steps=1, batch_size=1), max_turns=4,
+                    scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
+    # the protocol's 45 evaluation episodes per arm, the recipe that learns, within 40 minutes on a
+    # 2-core CPU (measured: see the README)
+    "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=3),
+    # the full budget
+    "paper": Preset(eval_episodes=3, train_episodes=8, reference_episodes=16, train=replace(RECIPE_TRAIN, steps=400),
+                   dialogue_steps=100),
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    out: str = field(default="runs/bench", metadata={"help": "run folder (resumed if it exists with the same config)"})
+    model: str = field(default="bundled", metadata={"help": "base model of arms A and B: bundled or a local folder"})
+    preset: Literal["smoke", "default", "paper"] = field(default="default", metadata={"help": "budget: smoke, default or paper"})
+    proxy: str = field(default="", metadata={"help": (
+        "arm C: a policy spec, e.g. openai:<model>@<url>, or a trained policy as <model>+<run folder> "
+        "(default: the expert policy)")})
+    cycles: int = field(default=3, metadata={"help": "protocol cycles (cycle c unlocks the first c tiers)"})
+    unlock: Literal["progressive", "adaptive", "fixed"] = field(default="progressive", metadata={
+        "help": "progressive (the protocol), adaptive (unlock once the newest tier's pass rate reaches adaptive_threshold), "
+                "or fixed (static: every tier every cycle, E6)"})
+    adaptive_threshold: float = field(default=0.5, metadata={"help": "adaptive unlocking threshold"})
+    seed: int = field(default=0, metadata={"help": "run seed (evaluation, training and bootstrap seeds derive from it)"})
+    lm_batch_size: int = field(default=48, metadata={"help": "prompts per forward pass (48: the default preset's whole lockstep batch; 12 and 48 measured within noise of each other on a 2-core CPU)"})
+    resamples: int = field(default=10_000, metadata={"help": "bootstrap resamples per interval"})
+    scenarios: tuple[str, ...] = field(default=(), metadata={"commas": False, "help": (
+        "scenario ids or YAML paths of your own (repeatable), instead of the preset's; each unlocks with its tier "
+        "(the preset's budget stays)")})
+    max_endpoint_failures: float = field(default=0.2, metadata={"help": (
+        "an arm on an openai: endpoint (the proxy): when more than this share of its steps got no reply, the bench "
+        "stops with the endpoint's error instead of scoring it (its records kept in arms/<arm>/failed-episodes.jsonl)")})
+    judge: str = field(default="", metadata={"help": (
+        "an LM judge's model spec (off when empty): scores every arm's last-cycle episodes 0-10 on goal and "
+        "believability, reported beside the rule metrics (source proxy), and ranks pairs in B's sleep (kept out of "
+        "the action track by strict gating)")})
+    ray: str = field(default="", metadata={"help": RAY_HELP + "; the sleep phase's scoring, the scripted arms' rollouts and a "
+                                                               "suite's variants (the run folder must be on storage every node sees)"})
+
+    def __post_init__(self) -> None:
+        check_ray(self.ray)
+        one_of(self, "preset", tuple(PRESETS))
+        if not 0 <= self.max_endpoint_failures <= 1:
+            raise ValueError(f"max_endpoint_failures must be in [0, 1], got {self.max_endpoint_failures!r}")
+        check_judge(self.judge)
+        one_of(self, "unlock", ("progressive", "adaptive", "fixed"))
+        at_least(self, 1, "cycles", "lm_batch_size", "resamples")
+        ms = parse_model_spec(self.model)  # before the run folder holds a typo
+        if ms.kind not in ("bundled", "hf") or ms.adapters:
+            raise ValueError(f"arms A and B train a local model: model must be bundled or a model folder (without adapters), "
+                             f"got {self.model!r}")
+        if self.proxy and parse_model_spec(self.proxy).kind not in ("scripted", "openai") and self.ray:  # parsed: a typo fails now
+            raise ValueError(f"--ray spreads scripted and openai: policies; the proxy {self.proxy!r} is a local model")
+
+    def scenario_names(self) -> tuple[str, ...]:
+        return tuple(self.scenarios) or PRESETS[self.preset].scenarios
+
+    def loop_config(self, **over) -> LoopConfig:
+        p = PRESETS[self.preset]
+        base = LoopConfig(out=str(Path(self.out) / "loop"), model=self.model, cycles=self.cycles, tiers=TIERS,
+                          train_episodes=p.train_episodes, reference_episodes=p.reference_episodes,
+                          eval_episodes=p.eval_episodes, seed=self.seed,
+                          lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock,
+                          adaptive_threshold=self.adaptive_threshold, scenarios=self.scenario_names(), max_turns=p.max_turns,
+                          sleep=p.sleep, train=p.train, dialogue_steps=p.dialogue_steps, ray=self.ray, judge=self.judge)
+        return replace(base, **over)
+
+
+BENCH_ADDED_FIELDS = {"scenarios": [], "user_scenarios": {}, "judge": ""}
+"""Config fields added after bench runs were written (see ``socialworld.learn.config.LOOP_ADDED_FIELDS``)."""

@@ -1,0 +1,308 @@
+"""ASCENT-Bench (contract §8, §5.3): the lifelong protocol over arms A, B, C and reference rows.
+
+* **A** — the base model, untrained: the loop's cycle-0 evaluation (greedy decoding on fixed
+  seeds, so one evaluation serves every cycle);
+* **B** — the same model through the closed loop (:func:`socialworld.learn.loop.run_loop` with
+  progressive unlocking: L0; L0+L1; all), trained before each cycle's evaluation;
+* **C** — a strong proxy: ``--proxy <policy spec>`` when given (an ``openai:<model>@<url>`` endpoint, or
+  a trained policy ``<model>+<run folder>``), else the ``expert`` policy;
+* ``oracle`` and ``random`` — reference rows.
+
+Every arm is evaluated on the same evaluation seeds (``eval_episodes`` per unlocked scenario);
+training seeds never overlap them. Static arms (A, C, references) are deterministic on fixed
+seeds, so each (scenario, seed) is run once and reused in every cycle that evaluates it.
+
+Run folder: ``<out>/loop/`` (the B arm's resumable loop, with A as its cycle 0),
+``<out>/arms/<arm>/episodes.jsonl``, ``<out>/bench.json``, ``<out>/report.md``,
+``<out>/report.html``; all through :class:`~socialworld.rundir.RunDir`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from statistics import fmean
+from typing import Callable, Sequence
+
+from socialworld.agents.lm.backends import EndpointFailure
+from socialworld.agents.models import SCRIPTED
+from socialworld.bench.config import BENCH_ADDED_FIELDS, PRESETS, BenchConfig
+from socialworld.learn.config import LoopConfig
+from socialworld.learn.loop import EXECUTION_FIELDS, CycleSummary, Progress, check_unlockable, config_doc, run_loop
+from socialworld.metrics.core import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate
+from socialworld.metrics.diagnostics import coverage, failure_counts
+from socialworld.metrics.lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
+from socialworld.metrics.stats import PASS, SOLVE, metric_interval, paired_difference
+from socialworld.records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, write_jsonl
+from socialworld.rollout.evaluate import episode_seeds, first_endpoint_error
+from socialworld.rollout.judge import checked_judgement, judge_episodes, read_judged, summarise, write_judged
+from socialworld.rollout.runner import EpisodeJob
+from socialworld.rollout.scale import pmap, ray_init, rollouts
+from socialworld.rundir import RunDir, cycle_files
+from socialworld.world.spec import RunScenarios, capped, run_scenarios
+
+BENCH_VERSION = "ascent-bench-v1"
+MAIN_METRICS = ("U", "A_e", "S_npc", "D", "CR", PASS, SOLVE)
+REFERENCES = ("oracle", "random")
+
+
+def bench_scenarios(cfg: BenchConfig, loop_dir: str | Path) -> RunScenarios:
+    """The bench's scenarios, checked before any work starts; ids also name the user scenarios its
+    loop (in ``loop_dir``) stored, so a bench is resumed without the user's files."""
+    scenarios = run_scenarios(cfg.scenario_names(), TIERS, loop_dir)
+    check_unlockable(cfg.loop_config(), scenarios)
+    return scenarios
+
+
+def recorded(cfg: BenchConfig, scenarios: RunScenarios) -> BenchConfig:
+    """``cfg`` as its run records it: scenarios of your own by id (none named: the preset's)."""
+    return replace(cfg, scenarios=scenarios.names if cfg.scenarios else ())
+
+
+def eval_jobs(cfg: BenchConfig, scenarios: RunScenarios | None = None) -> list[EpisodeJob]:
+    """Every evaluation episode any cycle may run: the same seeds for every arm."""
+    p = PRESETS[cfg.preset]
+    specs = [capped(s, p.max_turns) for s in (scenarios or bench_scenarios(cfg, Path(cfg.out) / "loop")).specs]
+    return [EpisodeJob(s, seed) for s in specs for seed in episode_seeds(cfg.seed, s.id, p.eval_episodes)]
+
+
+def arm_policies(cfg: BenchConfig) -> dict[str, str]:
+    """Static arms besides A: C (proxy or expert) and the reference rows."""
+    return {"C": cfg.proxy or "expert", **{r: r for r in REFERENCES}}
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    tiers_per_cycle: dict[int, list[str]]
+    per_cycle: dict[str, dict[int, list[EpisodeRecord]]]
+    """arm -> cycle -> evaluation episodes"""
+    loop_summaries: list[CycleSummary]
+    doc: dict
+    """bench.json"""
+
+
+def _subset(eps: Sequence[EpisodeRecord], tiers: Sequence[str]) -> list[EpisodeRecord]:
+    return [e for e in eps if e.tier in tiers]
+
+
+def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> BenchResult:
+    loop_dir = Path(cfg.out) / "loop"
+    scenarios = bench_scenarios(cfg, loop_dir)  # checked before the run folder is made
+    if cfg.ray:
+        ray_init(cfg.ray)  # a wrong address fails here, not after the first cycles
+    run = RunDir(cfg.out)
+    run.write_config(config_doc(recorded(cfg, scenarios), scenarios.user), defaults=BENCH_ADDED_FIELDS)
+    summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
+    jobs = eval_jobs(cfg, scenarios)
+    static: dict[str, list[EpisodeRecord]] = {"A": read_jsonl(loop_dir / cycle_files(0).eval)}
+    for arm, spec in arm_policies(cfg).items():
+        rel = f"arms/{arm}/episodes.jsonl"
+
+        def evaluate_arm(p: Path, spec: str = spec, arm: str = arm) -> None:
+            tick = progress(f"arm {arm} ({spec})", len(jobs)) if progress else None
+            lm = {} if spec in SCRIPTED else {"batch_size": cfg.lm_batch_size}
+            eps = rollouts(spec, jobs, ray=cfg.ray, seed=cfg.seed, tick=tick, **lm)
+            failed = aggregate(eps).endpoint_failure_rate
+            if failed > cfg.max_endpoint_failures:  # a dead endpoint's scores would only measure the endpoint
+                kept = p.parent.parent / "failed-episodes.jsonl"  # p is inside the artifact's temporary folder
+                write_jsonl(kept, eps)
+                raise EndpointFailure(f"arm {arm} ({spec}): the endpoint gave no reply on {failed:.0%} of the steps (more than "
+                                      f"max_endpoint_failures {cfg.max_endpoint_failures:g}; the first error: "
+                                      f"{first_endpoint_error(eps)}); "
+                                      f"not scored; its records are in {kept}; rerun to retry the arm")
+            write_jsonl(p, eps)
+
+        if run.produce(rel, f"eval:{spec}", evaluate_arm):
+            log(f"arm {arm} ({spec}): evaluated {len(jobs)} episodes")
+        static[arm] = read_jsonl(run.path(rel))
+    tiers_per_cycle = {s.cycle: s.tiers for s in summaries}
+    per_cycle: dict[str, dict[int, list[EpisodeRecord]]] = {arm: {} for arm in ("A", "B", *arm_policies(cfg))}
+    for c, tiers in tiers_per_cycle.items():
+        per_cycle["B"][c] = read_jsonl(loop_dir / cycle_files(c).eval)
+        for arm, eps in static.items():
+            per_cycle[arm][c] = _subset(eps, tiers)
+    doc = bench_document(recorded(cfg, scenarios), tiers_per_cycle, per_cycle, summaries)
+    judged = _judge_arms(cfg, run, {arm: cyc[max(cyc)] for arm, cyc in per_cycle.items()}, scenarios, log)
+    if judged:
+        doc["judge"] = {"judge": cfg.judge, "arms": {arm: summarise(recs).as_dict() for arm, recs in judged.items()}}
+    run.produce("bench.json", "bench", lambda p: atomic_write_text(p, json.dumps(doc, indent=1, sort_keys=True) + "\n"),
+                inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)] + [f"judge/{a}.jsonl" for a in judged])
+    from socialworld.bench.report import write_reports
+
+    write_reports(run, doc, per_cycle)
+    return BenchResult(cfg, tiers_per_cycle, per_cycle, summaries, doc)
+
+
+def _judge_arms(cfg: BenchConfig, run: RunDir, last: dict[str, list[EpisodeRecord]], scenarios: RunScenarios,
+                log: Callable[[str], None]) -> dict[str, list[JudgeRec]]:
+    """With ``cfg.judge``: the judge's record of each arm's last-cycle episodes (``judge/<arm>.jsonl``,
+    made once), by arm; else nothing."""
+    if not cfg.judge:
+        return {}
+    specs = {s.id: capped(s, PRESETS[cfg.preset].max_turns) for s in scenarios.specs}
+    out = {}
+    for arm, eps in last.items():
+        rel = f"judge/{arm}.jsonl"
+        # the arms this folder made are its inputs; A and B come from the loop's folder, whose
+        # evaluations a resumed bench never remakes
+        inputs = [f"arms/{arm}/episodes.jsonl"] if run.complete(f"arms/{arm}/episodes.jsonl") else []
+        if run.produce(rel, f"judge:{cfg.judge}", lambda p, eps=eps: write_judged(p, checked_judgement(cfg.judge, judge_episodes(
+                cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), cfg.max_endpoint_failures)), inputs=inputs):
+            log(f"arm {arm}: judged {len(eps)} last-cycle episodes with {cfg.judge}")
+        out[arm] = list(read_judged(run.path(rel)).values())
+    return out
+
+
+def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_cycle: dict[str, dict[int, list[EpisodeRecord]]],
+                   loop_summaries: Sequence[CycleSummary] = ()) -> dict:
+    """Every number of the report, computed from records: per-arm metrics with intervals at the
+    last cycle (the main table), paired B-A and B-C differences, R tables, forgetting, forward
+    transfer and unlock cycles, and the loop's per-cycle training summary."""
+    kw = {"seed": cfg.seed, "resamples": cfg.resamples}
+    last = max(tiers_per_cycle)
+    main = {arm: {k: metric_interval(cyc[last], k, **kw).as_dict() for k in MAIN_METRICS} for arm, cyc in per_cycle.items()}
+    paired = {f"B-{o}": {k: paired_difference(per_cycle[o][last], per_cycle["B"][last], k, **kw).as_dict() for k in MAIN_METRICS}
+              for o in per_cycle if o != "B"}
+    ratios = {f"B/{o}": {k: _ratio(main["B"][k]["mean"], main[o][k]["mean"]) for k in MAIN_METRICS} for o in ("A", "C")}
+    r = {arm: r_table(cyc, **kw) for arm, cyc in per_cycle.items()}
+    return {
+        "version": BENCH_VERSION,
+        "metrics_contract": METRICS_CONTRACT,
+        "config": {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k not in EXECUTION_FIELDS},
+        "preset": asdict(PRESETS[cfg.preset]),
+        "thresholds": {"CR": CR_THRESHOLD, "D": D_THRESHOLD, "guards": "any broken guard fails"},
+        "steps_per_episode": {arm: fmean(len(e.steps) for e in cyc[last]) for arm, cyc in per_cycle.items()},
+        "tiers_per_cycle": {str(c): t for c, t in tiers_per_cycle.items()},
+        "episodes_per_arm": {arm: sum(len(v) for v in cyc.values()) for arm, cyc in per_cycle.items()},
+        "main": main,
+        "paired": paired,
+        "ratios": ratios,
+        "R": {arm: {str(c): {t: iv.as_dict() for t, iv in row.items()} for c, row in tab.items()} for arm, tab in r.items()},
+        "forgetting": {arm: forgetting(tab) for arm, tab in r.items()},
+        "forward_transfer": {arm: forward_transfer(tab, r["A"]) for arm, tab in r.items() if arm != "A"},
+        "unlock_cycles": unlock_cycles(r["B"]),
+        "diagnostics": {arm: {"coverage": coverage(cyc[last]), "primary_failures": failure_counts(cyc[last])}
+                        for arm, cyc in per_cycle.items()},
+        "loop": [s.model_dump(mode="json") for s in loop_summaries],
+    }
+
+
+def phase_seconds(out: str | Path) -> list[tuple[str, float]]:
+    """Wall seconds of each artifact a bench made (its loop's first, in the order they were
+    made; resumed runs list what this and earlier invocations made), from the ``timings.json``
+    side files of :class:`~socialworld.rundir.RunDir`."""
+    return [(f"loop/{k}", v) for k, v in RunDir(Path(out) / "loop").timings().items()] + list(RunDir(out).timings().items())
+
+
+def _ratio(b: float, a: float) -> float | None:
+    """B/X as a ratio of means; undefined (None) when X's mean is 0."""
+    return None if a == 0 else b / a
+
+
+# ------------------------------------------------------------------ suites
+
+SUITES: dict[str, dict[str, dict]] = {
+    # M0 (untrained) is every variant's cycle 0; each entry overrides the full loop's settings
+    "methods": {
+        # behaviour cloning of the expert's trajectories alone: no DAgger labels, no replay, one track
+        "M1-sft": {"tracks": ("action",), "sleep": {"wake_chosen": "best", "label_gate": "margin", "replay": 0.0}},
+        "M2-grpo": {"train": {"method": "grpo", "steps": 20, "learning_rate": 1e-4}, "tracks": ("action",),
+                    "sleep": {"gating": "off", "replay": 0.0}},
+        "M3-dpo-trajectory-ungated": {"train": {"method": "dpo", "learning_rate": 1e-4}, "tracks": ("dialogue",),
+                                      "sleep": {"gating": "off", "replay": 0.0}},
+        "M4-full": {},
+    },
+    "ablations": {
+        "E0-full": {},
+        "E1-merged-tracks": {"merged": True},
+        "E2-no-provenance": {"sleep": {"gating": "off"}},
+        "E3-action-only": {"tracks": ("action",)},
+        "E4-dialogue-only": {"tracks": ("dialogue",)},
+        "E5-threshold-0.3": {"sleep": {"quality_threshold": 0.3}},
+        "E5-threshold-0.5": {"sleep": {"quality_threshold": 0.5}},
+        "E5-threshold-0.7": {"sleep": {"quality_threshold": 0.7}},
+        "E6-static": {"unlock": "fixed"},
+    },
+}
+
+
+def variant_config(cfg: BenchConfig, suite: str, name: str, reuse_from: str = "") -> LoopConfig:
+    """The loop of one suite variant: the bench's loop with the variant's overrides, in
+    ``<out>/<suite>/<name>``, reusing the first variant's untrained artifacts (same data)."""
+    over = dict(SUITES[suite][name])
+    base = cfg.loop_config(out=str(Path(cfg.out) / suite / name), reuse_from=reuse_from)
+    if "train" in over:
+        over["train"] = replace(base.train, **over["train"])
+    if "sleep" in over:
+        over["sleep"] = replace(base.sleep, **over["sleep"])
+    return replace(base, **over)
+
+
+def _training_task() -> dict:
+    """Ray resources of a task that trains: a GPU where this machine has one (a Ray task that asks
+    for none sees no GPU), else one CPU."""
+    import torch
+
+    return {"num_gpus": 1} if torch.cuda.is_available() else {}
+
+
+def _variant_loop(lc: LoopConfig) -> list[dict]:
+    """One suite variant's loop (a Ray task under ``BenchConfig.ray``; its lines go to the worker's log)."""
+    return run_loop(lc, log=print)
+
+
+def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, progress: Progress | None = None) -> dict:
+    """Every variant of ``suite`` under the same protocol and budget; returns (and writes to
+    ``<out>/<suite>/suite.json`` and ``suite.md``) per-variant last-cycle metrics with intervals,
+    paired differences against M0 (the untrained cycle 0), R tables and forgetting."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+    kw = {"seed": cfg.seed, "resamples": cfg.resamples}
+    scenarios = bench_scenarios(cfg, Path(cfg.out) / suite / next(iter(SUITES[suite])))  # the first variant's loop
+    if cfg.ray:
+        ray_init(cfg.ray)
+    run = RunDir(Path(cfg.out) / suite)
+    cfg_doc = config_doc(recorded(cfg, scenarios), scenarios.user)
+    run.write_config(cfg_doc, defaults=BENCH_ADDED_FIELDS)
+    rows: dict[str, dict] = {}
+    names = list(SUITES[suite])
+    first = variant_config(cfg, suite, names[0], reuse_from="")
+    log(f"{suite}: {names[0]}")
+    runs = {names[0]: run_loop(first, log=log, progress=progress)}  # the untrained artifacts the others reuse
+    rest = [variant_config(cfg, suite, name, reuse_from=first.out) for name in names[1:]]
+    if cfg.ray:  # independent runs over the shared untrained artifacts: one Ray task each
+        log(f"{suite}: {', '.join(names[1:])} as Ray tasks")
+        runs.update(zip(names[1:], pmap(_variant_loop, rest, ray=cfg.ray, options=_training_task())))
+    else:
+        for name, lc in zip(names[1:], rest):
+            log(f"{suite}: {name}")
+            runs[name] = run_loop(lc, log=log, progress=progress)
+    for name, lc in zip(names, [first, *rest]):
+        summaries = runs[name]
+        tiers = {s.cycle: s.tiers for s in summaries}
+        last = max(tiers)
+        untrained = read_jsonl(Path(lc.out) / cycle_files(0).eval)
+        per_cycle = {c: read_jsonl(Path(lc.out) / cycle_files(c).eval) for c in tiers}
+        if "M0-untrained" not in rows:
+            rows["M0-untrained" if suite == "methods" else "untrained"] = {
+                "metrics": {k: metric_interval(_subset(untrained, tiers[last]), k, **kw).as_dict() for k in MAIN_METRICS},
+                "R": {str(c): {t: iv.as_dict() for t, iv in row.items()}
+                      for c, row in r_table({c: _subset(untrained, t) for c, t in tiers.items()}, **kw).items()}}
+        base_last = [e for e in untrained if (e.scenario_id, e.seed) in {(x.scenario_id, x.seed) for x in per_cycle[last]}]
+        r = r_table(per_cycle, **kw)
+        rows[name] = {
+            "metrics": {k: metric_interval(per_cycle[last], k, **kw).as_dict() for k in MAIN_METRICS},
+            "vs_untrained": {k: paired_difference(base_last, per_cycle[last], k, **kw).as_dict() for k in MAIN_METRICS},
+            "R": {str(c): {t: iv.as_dict() for t, iv in row.items()} for c, row in r.items()},
+            "forgetting": forgetting(r),
+            "pairs": [s.pairs for s in summaries], "excluded": [s.excluded for s in summaries],
+        }
+    doc = {"version": BENCH_VERSION, "metrics_contract": METRICS_CONTRACT, "suite": suite, "config": cfg_doc,
+           "preset": asdict(PRESETS[cfg.preset]), "variants": rows}
+    from socialworld.bench.report import suite_markdown
+
+    run.produce("suite.json", "suite", lambda p: atomic_write_text(p, json.dumps(doc, indent=1, sort_keys=True) + "\n"))
+    run.produce("suite.md", "report", lambda p: atomic_write_text(p, suite_markdown(doc) + "\n"), inputs=["suite.json"])
+    return doc

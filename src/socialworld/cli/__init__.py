@@ -1,0 +1,1 @@
+"""The socialworld command line."""

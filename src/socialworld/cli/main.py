@@ -1,0 +1,599 @@
+"""The ``socialworld`` command: a thin layer, each command one library call."""
+
+from __future__ import annotations
+
+import errno
+import inspect
+import json
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from socialworld.bench.config import BENCH_ADDED_FIELDS, BenchConfig
+from socialworld.cli.options import config_command, fail
+from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig
+from socialworld.rollout.config import EvalConfig, help_for
+from socialworld.rundir import CONTRACT_KEY, PAIRS_KEY
+from socialworld.swm.config import ChainConfig, ForeseeConfig, TomConfig
+from socialworld.text.templates import JUDGE_DIMENSIONS
+from socialworld.world.spec import ScenarioError, load_builtin_scenarios, resolve_scenarios
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="A seeded social world for language agents.")
+console = Console()
+H = lambda name: help_for(EvalConfig, name)  # noqa: E731
+LOG_FILE = "runs/socialworld.log"
+"""where third-party warnings go (override with SOCIALWORLD_LOG); made only when one is written"""
+
+
+@app.callback()
+def _quiet_libraries() -> None:
+    """Before any command: the libraries' own progress bars off (weight loading, dataset maps:
+    socialworld shows its own), transformers' log records below errors off, Python warnings (the
+    libraries' FutureWarnings) to :data:`LOG_FILE` instead of the console. Environment variables
+    the libraries read when imported (a variable the user set wins), so light commands import nothing."""
+    import logging
+    import os
+
+    for var, value in (("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1"),
+                       ("TRANSFORMERS_VERBOSITY", "error")):
+        os.environ.setdefault(var, value)
+
+    class _LogFile(logging.FileHandler):  # its folder made when the first line comes
+        failed = False
+
+        def _open(self):
+            Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+            return super()._open()
+
+        def handleError(self, record):  # a log file that cannot be written: said once, the command goes on
+            if not self.failed:
+                self.failed = True
+                print(f"warning: cannot write the log file {self.baseFilename}: {sys.exc_info()[1]}", file=sys.stderr)
+
+    log = _LogFile(os.environ.get("SOCIALWORLD_LOG", LOG_FILE), delay=True, encoding="utf-8")
+    log.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.captureWarnings(True)
+    warnings_log = logging.getLogger("py.warnings")
+    for old in [h for h in warnings_log.handlers if type(h).__name__ == "_LogFile"]:  # one per process
+        warnings_log.removeHandler(old)
+        old.close()
+    logging.getLogger("socialworld").handlers = []  # a previous command's run log (commands run in one process: tests)
+    warnings_log.addHandler(log)
+    warnings_log.propagate = False
+
+
+def _param(name: str, annotation, option) -> inspect.Parameter:
+    """A command's own option beside its config's fields."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option)
+
+
+def _say(msg: str) -> None:
+    """Print library text literally: never as rich markup ('[a-z0-9_]' is not a style tag); and
+    into the run's log once the command has one (:func:`_run_log`)."""
+    import logging
+
+    console.print(msg, markup=False)
+    logging.getLogger("socialworld").info(msg)
+
+
+RUN_LOG = "socialworld.log"
+"""the run's log inside its output folder: the command's own lines and the libraries' warnings"""
+
+
+def _run_log(out: str | Path) -> None:
+    """From here on, the libraries' warnings and every line :func:`_say` prints also go to
+    ``<out>/socialworld.log`` (made when first written), unless ``SOCIALWORLD_LOG`` names a file."""
+    import logging
+    import os
+
+    if os.environ.get("SOCIALWORLD_LOG"):
+        return
+    path = os.path.abspath(Path(out) / RUN_LOG)
+    for h in logging.getLogger("py.warnings").handlers:
+        if type(h).__name__ == "_LogFile":
+            h.acquire()
+            try:
+                if h.stream is not None:
+                    h.stream.close()
+                    h.stream = None  # type: ignore[assignment]
+                h.baseFilename = path
+            finally:
+                h.release()
+            own = logging.getLogger("socialworld")
+            own.handlers = [h]
+            own.setLevel(logging.INFO)
+            own.propagate = False
+
+
+ADAPTERS_HELP = ("a trained policy's LoRA adapters deployed on --policy (a local model): a loop or bench run folder "
+                 "(its last cycle), a cycle folder (cycle-<c>) or one adapter folder; the same as --policy <model>+<folder>")
+
+
+RECORDED_KEYS = ("user_scenarios", CONTRACT_KEY, PAIRS_KEY)
+"""what a run's config.yaml records beside the config's fields (read by --config, not options)"""
+_ADAPTERS = _param("adapters", str, typer.Option("", help=ADAPTERS_HELP))
+_JSON = _param("as_json", bool, typer.Option(False, "--json", help="print one JSON document instead of tables"))
+
+
+def _policy_spec(policy: str, adapters: str) -> str:
+    """``--policy`` with ``--adapters`` joined into one spec, checked before any work starts."""
+    from socialworld.agents.models import parse_model_spec, with_adapters
+
+    spec = with_adapters(policy, adapters)
+    parse_model_spec(spec)
+    return spec
+
+
+@app.command()
+def scenarios(as_json: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
+    """List the shipped scenarios with their tiers."""
+    specs = load_builtin_scenarios()
+    if as_json:
+        print(json.dumps([{"id": s.id, "tier": s.tier} for s in specs.values()]))
+        return
+    t = Table("id", "tier", "name", "npcs", "decisions", "turns")
+    for s in specs.values():
+        t.add_row(s.id, s.tier, s.name, str(len(s.npcs)), ", ".join(s.slot_ids), str(s.turn_budget))
+    console.print(t)
+
+
+@app.command()
+def play(
+    scenario: str = typer.Argument(..., help="scenario id (with or without -vN) or a YAML path"),
+    policy: str = typer.Option("expert", help=H("policy")),
+    adapters: str = typer.Option("", help=ADAPTERS_HELP),
+    seed: int = typer.Option(0, help="episode seed"),
+) -> None:
+    """Play one episode and print it readably: the five dimensions per step, replies, signals."""
+    try:
+        policy = _policy_spec(policy, adapters)
+        spec = resolve_scenarios([scenario])[0]
+        from socialworld.rollout.play import play_episode
+
+        play_episode(spec, policy, seed, console)
+    except (ScenarioError, ValueError, OSError) as err:
+        fail(str(err))
+
+
+def _run_eval(cfg, adapters: str = "", as_json: bool = False) -> None:
+    """Evaluate a policy: metric table per tier and per scenario; records written to --out."""
+    from dataclasses import replace
+
+    from socialworld.rollout.evaluate import evaluate
+    from socialworld.rollout.runner import per_turn
+
+    policy = cfg.policy
+    try:
+        policy = _policy_spec(cfg.policy, adapters)
+        cfg = replace(cfg, policy=policy)
+        specs = resolve_scenarios(cfg.scenarios, cfg.tiers)
+        _run_log(cfg.out_dir())
+        if as_json:
+            result = evaluate(cfg)
+        elif cfg.ray:  # episodes finish one by one across the tasks
+            with _bars() as progress:
+                result = evaluate(cfg, on_episode=progress(f"eval {policy} (episodes)", len(specs) * cfg.episodes))
+        else:  # a lockstep batch finishes its episodes together: count turns
+            with _bars() as progress:
+                turns = sum(s.turn_budget for s in specs) * cfg.episodes
+                result = evaluate(cfg, on_steps=per_turn(progress(f"eval {policy} (turns)", turns)))
+    except (ScenarioError, ValueError, OSError) as err:
+        fail(str(err))
+        return
+    summary = result.summary()
+    if as_json:
+        print(json.dumps(summary))
+        return
+    cols = ("U", "A_e", "S_npc", "D", "CR", "pass_rate", "solve_rate", "steps_per_episode", "parse_failure_rate",
+            "endpoint_failure_rate")
+    heads = {"pass_rate": "PassRate", "solve_rate": "SolveRate", "steps_per_episode": "steps", "parse_failure_rate": "parse fail",
+             "endpoint_failure_rate": "endpoint fail"}
+    for title, rows in (("by tier", summary["by_tier"]), ("by scenario", summary["by_scenario"])):
+        t = Table(title=f"{policy}: {title} ({summary['episodes']} episodes, {summary['metrics_contract']})")
+        t.add_column("tier" if title == "by tier" else "scenario")
+        for c in ("n", *cols):
+            t.add_column(heads.get(c, c), justify="right")
+        for key, m in rows.items():
+            t.add_row(key, str(m["n"]), *(f"{m[c]:.2f}" for c in cols))
+        console.print(t)
+    if "judge" in summary:
+        t = Table(title=escape(f"LM judge {cfg.judge} ({summary['judge']['all']['prompt_version']}, source proxy, 0-10; "
+                               "beside the rule metrics, never in them)"))
+        for c in ("tier", "episodes", "judged", "endpoint fail", "unparseable", *JUDGE_DIMENSIONS):
+            t.add_column(c, justify="right" if c != "tier" else "left")
+        for key, j in (("all", summary["judge"]["all"]), *summary["judge"]["by_tier"].items()):
+            t.add_row(key, str(j["episodes"]), str(j["judged"]), str(j["endpoint_failures"]), str(j["unparseable"]),
+                      *("-" if j["means"][dim] is None else f"{j['means'][dim]:.2f}" for dim in JUDGE_DIMENSIONS))
+        console.print(t)
+    d = cfg.out_dir()
+    _say(f"records: {d}/episodes.jsonl, {d}/episodes.parquet{f', {d}/judge.jsonl' if cfg.judge else ''}; summary: {d}/metrics.json")
+
+
+config_command(app, "eval", EvalConfig, _run_eval, aliases={"scenarios": "--scenario"}, extra=[_ADAPTERS, _JSON])
+
+
+@app.command()
+def check(
+    scenario: list[str] = typer.Argument(None, help="scenario ids or YAML paths (default: all shipped)"),
+    seeds: int = typer.Option(50, help="seeds for the oracle-solvability and leak checks"),
+    fuzz_seeds: int = typer.Option(200, help="seeds of the crash fuzz (random actions; 0 skips it)"),
+) -> None:
+    """Run check_scenario (schema, oracle solvability, determinism, no hidden-value leaks, crash
+    fuzz); warnings (likely mistakes) are printed and fail nothing."""
+    try:
+        specs = resolve_scenarios(scenario or None)
+    except ScenarioError as err:
+        fail(str(err))
+        return
+    from socialworld.rollout.check import check_scenario
+
+    bad = 0
+    for spec in specs:
+        r = check_scenario(spec, seeds=seeds, fuzz_seeds=fuzz_seeds)
+        console.print(Text.assemble(
+            ("ok", "green") if r.ok else ("FAIL", "red"),
+            f" {spec.id}: oracle pass {r.oracle_pass_rate:.0%}, solves {r.oracle_solve_rate:.0%}, "
+            f"{r.observations_checked} observations checked, {r.fuzz_steps} fuzz steps"))
+        for p in r.problems:
+            _say(f"   - {p}")
+        for w in r.warnings:
+            console.print(Text.assemble("   ", ("warning:", "yellow"), f" {w}"))
+        bad += not r.ok
+    if bad:
+        raise typer.Exit(1)
+
+
+def _run_loop(cfg) -> None:
+    """Wake-sleep-deploy: roll out on training seeds, build and gate counterfactual pairs, train
+    one LoRA adapter per track with TRL, deploy and evaluate; resumable in --out."""
+    from socialworld.learn.loop import run_loop
+    from socialworld.metrics.core import METRICS_CONTRACT
+
+    _run_log(cfg.out)
+    summaries = _with_bars(lambda progress: run_loop(cfg, log=_say, progress=progress))
+    t = Table(title=escape(f"loop: {cfg.out} ({METRICS_CONTRACT})"))
+    for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "solve", "D", "CR",
+              "pass - untrained", "D - untrained"):
+        t.add_column(c, justify="right")
+    for s in summaries:
+        loss = {k: "-" if v is None else f"{v:.3f}" for k, v in s.final_loss.items()}
+        vs = {k: f"{v.mean:+.2f} [{v.lo:+.2f}, {v.hi:+.2f}]" for k, v in (s.vs_baseline or {}).items()}
+        pairs = {k: f"{s.pairs.get(k, 0)}" + (f" +{s.replayed[k]} replayed" if s.replayed.get(k) else "") for k in ("action", "dialogue")}
+        t.add_row(str(s.cycle), pairs["action"], pairs["dialogue"],
+                  str(sum(s.excluded.values())), loss.get("action", "-"), loss.get("dialogue", "-"),
+                  f"{s.eval['pass_rate']:.2f}", f"{s.eval['solve_rate']:.2f}", f"{s.eval['D']:.2f}", f"{s.eval['CR']:.2f}",
+                  vs.get("pass", "-"), vs.get("D", "-"))
+    console.print(t)
+
+
+config_command(app, "loop", LoopConfig, _run_loop, aliases={"scenarios": "--scenario"}, ignore=RECORDED_KEYS,
+               added=LOOP_ADDED_FIELDS)
+
+
+@app.command("gate")
+def gate_cmd(
+    run: str = typer.Argument(..., help="a loop run folder (its user scenarios are read from RUN/scenarios/)"),
+    cycle: int = typer.Option(1, help="the cycle whose wake episodes are re-screened"),
+    threshold: Optional[list[float]] = typer.Option(None, "--threshold", help="a quality threshold variant (repeatable)"),
+    off: bool = typer.Option(True, help="include the gating-off variant"),
+) -> None:
+    """The gating ablation on the same data: rebuild a cycle's pairs from its stored wake and
+    count what each variant keeps and excludes (no training), against the run's own pairs."""
+    from dataclasses import replace
+
+    from socialworld.learn.loop import regate, stored_sleep_config
+
+    try:
+        own = stored_sleep_config(run)
+    except OSError as err:
+        fail(str(err))
+        return
+    variants = {f"threshold {t:g}": replace(own, quality_threshold=t) for t in (threshold or [])}
+    if off:
+        variants["gating off"] = replace(own, gating="off")
+    try:
+        result = regate(run, cycle, variants)
+    except (ValueError, OSError) as err:
+        fail(str(err))
+        return
+    t = Table(title=escape(f"gating variants: {run} cycle {cycle}"))
+    for c in ("variant", "action kept", "dialogue kept", "excluded (by reason)", "same pairs as the run"):
+        t.add_column(c)
+    for name, r in result.items():
+        excl = ", ".join(f"{k} {v}" for k, v in sorted(r["report"]["excluded"].items()))
+        t.add_row(name, str(r["report"]["kept"].get("action", 0)), str(r["report"]["kept"].get("dialogue", 0)), excl,
+                  "yes" if r["same_as_run"] else "no")
+    console.print(t)
+
+
+@app.command("fit")
+def fit_cmd(
+    pairs: str = typer.Argument(..., help="an action pairs Parquet file, e.g. RUN/cycle-1/sleep/pairs-action.parquet"),
+    model: str = typer.Option("bundled", help="policy: expert, random, bundled, or a local model path"),
+    adapter: str = typer.Option("", help="a LoRA adapter folder deployed on the action track, e.g. RUN/cycle-1/train/action/adapter"),
+    batch: int = typer.Option(16, help="states per forward pass"),
+    scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=(
+        "a YAML path of a scenario the pairs name (repeatable); needed only for pairs outside a run folder "
+        "(a run's own scenarios are read from RUN/scenarios/)")),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Training fit: restore each pair's state and count how often the policy takes the chosen
+    action (exactly, and of the same kind), with the chosen-by-taken confusion table."""
+    from socialworld.learn.fit import fit_file
+
+    try:
+        f = fit_file(pairs, model, adapter or None, batch, scenarios=tuple(scenario or ()))
+    except (ValueError, OSError) as err:
+        fail(str(err))
+        return
+    if as_json:
+        print(json.dumps(f.as_dict()))
+        return
+    taken = sorted({v for row in f.confusion.values() for v in row})
+    t = Table(title=escape(f"{model}{' + ' + adapter if adapter else ''} on {pairs}: exact {f.exact}/{f.pairs} "
+                           f"({f.exact_rate:.2f}), same kind {f.same_verb}/{f.pairs} ({f.verb_rate:.2f}), unparsed {f.unparsed}"))
+    t.add_column("chosen / taken")
+    for v in taken:
+        t.add_column(v, justify="right")
+    for v, row in f.confusion.items():
+        t.add_row(v, *(str(row.get(x, 0)) for x in taken))
+    console.print(t)
+
+
+PLAIN_EVERY_S = 5.0
+"""progress written to a file or pipe: at most one line per this many seconds per bar"""
+
+
+@contextmanager
+def _bars():
+    """A progress factory ``progress(what, total) -> advance(_)``: rich bars with elapsed time and
+    an ETA on a terminal; elsewhere (a log file, a pipe) plain lines with the same numbers, since
+    rich draws nothing there until the end: one per finished item, at most one per
+    ``PLAIN_EVERY_S`` seconds (the first and the last always)."""
+    import logging
+
+    if console.is_terminal:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("eta"), TimeRemainingColumn(), console=console) as bars:
+            def progress(what: str, total: int):
+                task, t0, done = bars.add_task(what, total=total), time.monotonic(), [0]
+
+                def advance(_ep) -> None:
+                    bars.advance(task)
+                    done[0] += 1
+                    if done[0] == total:  # the run's log gets the finished bar
+                        logging.getLogger("socialworld").info(f"{what}: {total}/{total}, {time.monotonic() - t0:.0f} s")
+                return advance
+
+            try:
+                yield progress
+            finally:
+                bars.stop()
+        return
+
+    def plain(what: str, total: int):
+        t0, done, said = time.monotonic(), [0], [-PLAIN_EVERY_S]
+
+        def advance(_ep) -> None:
+            done[0] += 1
+            spent = time.monotonic() - t0
+            if done[0] in (1, total) or spent - said[0] >= PLAIN_EVERY_S:
+                said[0] = spent
+                eta = spent / done[0] * (total - done[0])
+                _say(f"{what}: {done[0]}/{total}, {spent:.0f} s, eta {eta:.0f} s")
+        return advance
+
+    yield plain
+
+
+def _with_bars(call):
+    """Run ``call(progress)`` under :func:`_bars` (the config built inside ``call`` too, so a bad
+    option is one line); clear errors."""
+    with _bars() as progress:
+        try:
+            return call(progress)
+        except (ScenarioError, ValueError, OSError, RuntimeError) as err:
+            fail(str(err))
+
+
+def _run_bench(cfg, suite: str = "main") -> None:
+    """ASCENT-Bench: arms A (untrained), B (closed loop), C (proxy or expert), oracle and random
+    through the lifelong protocol; writes bench.json, report.md and report.html to --out.
+    With --suite methods|ablations, every variant under the same protocol and budget."""
+    from socialworld.bench.protocol import SUITES, phase_seconds, run_bench, run_suite
+    from socialworld.bench.report import judge_rows, main_rows, r_rows
+
+    out, judge = cfg.out, cfg.judge
+    _run_log(out)
+    if suite in SUITES:
+        _with_bars(lambda progress: run_suite(cfg, suite, log=_say, progress=progress))
+        _say((Path(out) / suite / "suite.md").read_text())
+        return
+    result = _with_bars(lambda progress: run_bench(cfg, log=_say, progress=progress))
+    for title, fn in (("main table (last cycle)", main_rows), ("R[cycle][tier]", r_rows),
+                      (f"LM judge {judge} (last cycle, proxy: beside the rule metrics)", judge_rows)):
+        head, rows = fn(result.doc)
+        if not rows:
+            continue
+        t = Table(title=f"{title}, {result.doc['metrics_contract']}")
+        for h in head:
+            t.add_column(h, justify="right")
+        for r in rows:
+            t.add_row(*r)
+        console.print(t)
+    t = Table(title="phases (wall seconds; timings.json)")
+    t.add_column("artifact")
+    t.add_column("seconds", justify="right")
+    phases = phase_seconds(out)
+    for rel, sec in phases:
+        t.add_row(escape(rel), f"{sec:.0f}")
+    t.add_row("total", f"{sum(s for _, s in phases):.0f}")
+    console.print(t)
+    _say(f"report: {Path(out) / 'report.html'}")
+
+
+config_command(app, "bench", BenchConfig, _run_bench, aliases={"scenarios": "--scenario"}, ignore=RECORDED_KEYS,
+               added=BENCH_ADDED_FIELDS, extra=[
+    _param("suite", Literal["main", "methods", "ablations"], typer.Option(
+        "main", help="main (arms A, B, C and references), methods (M0-M4) or ablations (E0-E6)"))])
+
+
+def _run_tom(cfg) -> None:
+    """Theory of mind on generated Sally-Anne stories: S3AP parser quality (the model and a scripted
+    reference parser) and QA accuracy without S3AP, with the exact reference S3AP, and with the
+    model's own parse; 95% bootstrap intervals; writes tom.json and answers.jsonl to --out."""
+    from socialworld.swm.tom import evaluate_tom
+
+    try:
+        _run_log(cfg.out)
+        with _bars() as progress:
+            doc = evaluate_tom(cfg, progress=progress)
+    except (ScenarioError, ValueError, OSError) as err:
+        fail(str(err))
+        return
+    _tom_tables(f"{cfg.stories} generated stories", doc)
+    if doc.world:
+        _tom_tables(f"{doc.world.stories} stories from world episodes", doc.world)
+
+
+config_command(app, "tom", TomConfig, _run_tom, aliases={"scenarios": "--scenario"})
+
+
+def _tom_tables(what: str, doc) -> None:
+    """The parser and QA tables of a :class:`~socialworld.swm.tom.TomResult` (or its world-stories part)."""
+    fmt = lambda iv: f"{iv.mean:.2f} [{iv.lo:.2f}, {iv.hi:.2f}]"  # noqa: E731
+    t = Table(title=f"S3AP parser quality ({what})")
+    for c in ("parser", "quality", "structural", "observation accuracy", "valid", "attempts"):
+        t.add_column(c, justify="right")
+    for name, r in doc.parser.items():
+        t.add_row(name, fmt(r.quality), fmt(r.structural), fmt(r.observation_accuracy), str(r.valid), str(r.attempts))
+    console.print(t)
+    t = Table(title=f"QA accuracy ({what}: {doc.questions} questions per row)")
+    for c in ("S3AP in prompt", "all", "reality", "first order", "second order"):
+        t.add_column(c, justify="right")
+    for source, r in doc.qa.items():
+        t.add_row(source, fmt(r.all), fmt(r.reality), fmt(r.first_order), fmt(r.second_order))
+    console.print(t)
+
+
+def _run_foresee(cfg, adapters: str = "") -> None:
+    """Foresee-and-Act vs the plain policy on the same episodes: per-metric means and the paired
+    difference with 95% bootstrap intervals, and how often the draft was refined; writes
+    plain/ and foresee/ episodes and foresee.json to --out."""
+    from dataclasses import replace
+
+    from socialworld.swm.foresee import evaluate_foresee
+
+    def run(progress):
+        c = replace(cfg, policy=_policy_spec(cfg.policy, adapters))
+        _run_log(c.out)
+        return evaluate_foresee(c, progress=progress)
+
+    doc = _with_bars(run)
+    fmt = lambda iv: f"{iv.mean:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]"  # noqa: E731
+    t = Table(title=escape(f"{doc.policy}: plain vs Foresee-and-Act [{doc.world_model}], {doc.episodes} episodes, "
+                           f"{doc.metrics_contract}"))
+    for c in ("metric", "plain", "foresee", "foresee - plain (paired)"):
+        t.add_column(c, justify="right")
+    for k, d in doc.difference.items():
+        t.add_row(k, fmt(doc.metrics["plain"][k]), fmt(doc.metrics["foresee"][k]), fmt(d))
+    console.print(t)
+    r = doc.refinement
+    _say(f"refined {r.refined} of {r.steps} steps; {r.unparsed} of {r.predictions} predictions unparsed; "
+         f"prompt tokens plain {r.tokens_in['plain']}, foresee {r.tokens_in['foresee']}")
+
+
+config_command(app, "foresee", ForeseeConfig, _run_foresee, aliases={"scenarios": "--scenario", "tiers": "--tier"},
+               extra=[_ADAPTERS])
+
+
+def _run_chain(cfg, adapters: str = "") -> None:
+    """Episode chains with the same cast (NPCs remember promises, slights and what they said):
+    per memory mode (none, full, summary) and chain position, pass rate, CR and A_e with 95%
+    intervals, the paired difference from no memory, and prompt growth; writes <mode>/episodes.jsonl
+    and chain.json to --out."""
+    from dataclasses import replace
+
+    from socialworld.swm.chain import run_chains
+
+    def run(progress):
+        c = replace(cfg, policy=_policy_spec(cfg.policy, adapters))
+        _run_log(c.out)
+        return run_chains(c, progress=progress)
+
+    doc = _with_bars(run)
+    fmt = lambda iv: f"{iv.mean:.2f} [{iv.lo:.2f}, {iv.hi:.2f}]"  # noqa: E731
+    t = Table(title=escape(f"{doc.policy}: {doc.chains} chains of {cfg.length}, {doc.metrics_contract}"))
+    for c in ("memory", "position", "pass", "solve", "CR", "A_e", "CR vs none", "prompt tokens/step", "memory chars/step"):
+        t.add_column(c, justify="right")
+    for m, rows in doc.modes.items():
+        for r in rows:
+            vs = (r.vs_none or {}).get("CR")
+            t.add_row(m, str(r.position), fmt(r.metrics["pass"]), fmt(r.metrics["solve"]), fmt(r.metrics["CR"]), fmt(r.metrics["A_e"]),
+                      "" if vs is None else f"{vs.mean:+.2f} [{vs.lo:+.2f}, {vs.hi:+.2f}]",
+                      f"{r.prompt_tokens_per_step:.0f}", f"{r.memory_chars_per_step:.0f}")
+    console.print(t)
+
+
+config_command(app, "chain", ChainConfig, _run_chain, aliases={"scenarios": "--scenario", "tiers": "--tier", "modes": "--mode"},
+               extra=[_ADAPTERS])
+
+
+@app.command("export")
+def export_cmd(
+    policy: str = typer.Option(..., help="a trained policy: a local model with adapters (<model>+<run folder>), or the run folder"),
+    adapters: str = typer.Option("", help=ADAPTERS_HELP),
+    out: Path = typer.Option(..., help="new folder for the merged model"),
+    track: str = typer.Option("action", help="the adapter merged in: action (it writes the BELIEF and ACTION lines) or dialogue"),
+) -> None:
+    """Export a trained policy as one plain model folder (its adapter merged into the base weights),
+    for servers without LoRA support (docs/serving.md)."""
+    from socialworld.agents.models import export_merged
+
+    try:
+        if track not in ("action", "dialogue"):
+            raise ValueError(f"--track must be action or dialogue, got {track!r}")
+        _say(f"wrote {export_merged(_policy_spec(policy, adapters), out, track)}")
+    except (ValueError, OSError) as err:
+        fail(str(err))
+
+
+@app.command("serve")
+def serve_cmd(
+    model: str = typer.Option("bundled", help="model spec to serve: bundled, a local path or hub id (also its model id)"),
+    adapters: str = typer.Option("", help=ADAPTERS_HELP + "; the action adapter writes the replies"),
+    host: str = typer.Option("127.0.0.1", help="address to bind"),
+    port: int = typer.Option(8000, help="port"),
+    max_new_tokens: int = typer.Option(64, help="default max_tokens of a request"),
+    dtype: str = typer.Option("auto", help="auto (bfloat16 where the hardware has it natively, else float32), float32 or bfloat16"),
+    max_batch: int = typer.Option(16, help="most requests decoded together (those that arrive together, with the same sampling)"),
+) -> None:
+    """Serve a policy model over an OpenAI-compatible API (/v1/models, /v1/chat/completions): requests
+    that arrive together are batched. One process, one model: for throughput at scale serve the
+    model with vLLM and evaluate it as --policy openai:<model>@<url> (docs/serving.md)."""
+    from socialworld.agents.lm.server import serve
+
+    try:
+        if max_batch < 1:
+            raise ValueError(f"--max-batch must be >= 1, got {max_batch}")
+        serve(_policy_spec(model, adapters), host, port, max_new_tokens, dtype, max_batch)
+    except ValueError as err:
+        fail(str(err))
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            fail(f"{host}:{port} is in use by another program: choose another --port")
+        else:
+            fail(str(err))
+
+
+if __name__ == "__main__":
+    app()

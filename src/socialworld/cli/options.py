@@ -1,0 +1,251 @@
+"""Command-line options generated from the config dataclasses (the ``HfArgumentParser`` convention
+on Typer): every field of a config, nested configs included, is one option whose help is the
+field's ``metadata["help"]`` and whose default is the default config's value.
+
+- ``Literal`` fields become choices: a typo fails while the command line is parsed, before any
+  work starts (a tuple or list of them is checked when the config is built, still before any work).
+- ``tuple``/``list`` fields are repeatable options that also split on commas (``--tiers L0,L1``),
+  unless the field's metadata says ``"commas": False`` (file paths may hold commas).
+- ``bool`` fields are ``--x/--no-x`` flags.
+- A nested config's field keeps its own name (``--gating`` for ``LoopConfig.sleep.gating``) unless
+  another field of the tree has that name; then it is prefixed with its parent (``--sleep-seed``).
+- ``--config FILE`` reads a stored config (a run's ``config.yaml``, or any YAML/JSON with the
+  config's fields): its values replace the defaults and options given on the command line win.
+  A file's values pass the same type and choice checks; a field the file lacks takes the value the
+  command's ``added`` map gives it (a field added to the code after the run: the value that
+  behaves as the code did), else the default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional, Sequence
+
+import typer
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One config field as one option."""
+
+    path: tuple[str, ...]
+    """the field's path from the root config, e.g. ``("sleep", "gating")``"""
+    name: str
+    """the Python parameter name (the option is ``--`` + it with dashes)"""
+    hint: Any
+    """the field's type"""
+    kind: Any
+    """the option's Python type for Typer"""
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None
+    many: bool
+    """a tuple or list field: a repeatable option"""
+    commas: bool
+    """a repeatable option whose values also split on commas"""
+    container: type | None
+    """tuple or list (or None)"""
+
+
+types_union = type(int | None)
+"""``X | None``'s type (``typing.Union`` spells the other form)"""
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types_union) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else tp), True
+    return tp, False
+
+
+def leaves(cls: type) -> list[Leaf]:
+    """Every field of config type ``cls`` (nested dataclass fields flattened), with the option it becomes."""
+    raw: list[tuple[tuple[str, ...], Any, Any, dataclasses.Field]] = []
+
+    def walk(c: type, inst: Any, path: tuple[str, ...]) -> None:
+        hints = typing.get_type_hints(c)
+        for f in dataclasses.fields(c):
+            tp = hints[f.name]
+            value = getattr(inst, f.name)
+            if dataclasses.is_dataclass(tp):
+                walk(tp, value, path + (f.name,))  # type: ignore[arg-type]
+            else:
+                raw.append((path + (f.name,), tp, value, f))
+
+    walk(cls, cls(), ())
+    counts: dict[str, int] = {}
+    for path, *_ in raw:
+        counts[path[-1]] = counts.get(path[-1], 0) + 1
+    out = []
+    for path, hint, value, f in raw:
+        name = path[-1] if len(path) == 1 or counts[path[-1]] == 1 else "_".join(path)
+        tp, optional = _unwrap_optional(hint)
+        origin = typing.get_origin(tp)
+        container = None
+        if origin in (tuple, list):
+            container = origin
+            tp = typing.get_args(tp)[0]
+        choices = tuple(str(a) for a in typing.get_args(tp)) if typing.get_origin(tp) is Literal else None
+        base = str if choices or tp in (Path,) else tp
+        if base not in (str, int, float, bool) or (optional and choices and not container):
+            raise TypeError(f"{cls.__name__}.{'.'.join(path)}: no command-line form for {hint!r}")
+        if container:
+            kind: Any = Optional[list[base]]  # type: ignore[valid-type]
+            value = None if value is None else [str(v) if choices else v for v in value]
+        elif optional:
+            kind = Optional[base]  # type: ignore[valid-type]
+            value = None if value is None else str(value) if tp is Path else value
+        elif choices:
+            kind = Literal[choices]  # Typer makes it a click.Choice: a typo fails while parsing
+        else:
+            kind = base
+        out.append(Leaf(path, name, hint, kind, value, f.metadata.get("help", ""), choices, container is not None,
+                        container is not None and f.metadata.get("commas", True), container))
+    return out
+
+
+def _option(leaf: Leaf, aliases: dict[str, str]) -> Any:
+    flag = "--" + leaf.name.replace("_", "-")
+    decls = [flag] + ([aliases[leaf.name]] if leaf.name in aliases else [])
+    if leaf.kind is bool:
+        decls = [f"{flag}/--no-{leaf.name.replace('_', '-')}"]
+    help_ = leaf.help
+    if leaf.choices and leaf.many:  # checked when the config is built (a repeatable option also splits on commas)
+        help_ += f" (any of: {', '.join(leaf.choices)})"
+    shown: Any = ("none" if not leaf.default else ",".join(map(str, leaf.default))) if leaf.many else True
+    return typer.Option(leaf.default, *decls, help=help_, show_default=shown)
+
+
+def config_params(cls: type, aliases: dict[str, str] | None = None) -> list[inspect.Parameter]:
+    """The Typer parameters of ``cls``'s fields plus ``--config``."""
+    ps = [inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, annotation=leaf.kind, default=_option(leaf, aliases or {}))
+          for leaf in leaves(cls)]
+    ps.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                                default=typer.Option(None, "--config", help=(
+                                    "a stored config (a run's config.yaml, YAML or JSON) whose values replace the "
+                                    "defaults; options given here win"), exists=True, dir_okay=False)))
+    return ps
+
+
+def read_config_file(path: Path, cls: type, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A stored config's fields, nested as in ``cls``; a key that is no field of ``cls`` fails,
+    naming the file and the key (``ignore`` lists recorded top-level keys that are not fields)."""
+    from socialworld.world.spec import read_yaml
+
+    doc = read_yaml(path)  # a missing, unreadable or malformed file: one line naming it
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: a config file holds a mapping of field names to values")
+
+    def check(c: type, d: dict, where: str) -> dict:
+        fields = {f.name: f for f in dataclasses.fields(c)}
+        hints = typing.get_type_hints(c)
+        out = {}
+        for k, v in d.items():
+            if k in ignore and not where:
+                continue
+            if k not in fields:
+                raise ValueError(f"{path}: {where}{k} is not a field of {c.__name__} (fields: {', '.join(fields)})")
+            if dataclasses.is_dataclass(hints[k]):
+                if not isinstance(v, dict):
+                    raise ValueError(f"{path}: {where}{k} holds a mapping of {hints[k].__name__}'s fields")
+                out[k] = check(hints[k], v, f"{where}{k}.")
+            else:
+                out[k] = v
+        return out
+
+    return check(cls, doc, "")
+
+
+def _lookup(doc: dict, path: tuple[str, ...]) -> Any:
+    node: Any = doc
+    for part in path:
+        node = node.get(part, dataclasses.MISSING) if isinstance(node, dict) else dataclasses.MISSING
+    return node
+
+
+def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None = None,
+                 given: Callable[[str], bool] = lambda name: True, ignore: tuple[str, ...] = (),
+                 added: dict[str, Any] | None = None) -> Any:
+    """The config from option values (by parameter name): a value given on the command line wins,
+    then ``config_file``'s (or, for a field the file lacks, ``added``'s), then the default
+    config's. The config's own checks run here."""
+    from pydantic import TypeAdapter, ValidationError
+
+    stored = read_config_file(config_file, cls, ignore) if config_file else {}
+    flat: dict[tuple[str, ...], Any] = {}
+    for leaf in leaves(cls):
+        v = values[leaf.name]
+        from_file = _lookup(stored, leaf.path) if config_file is not None and not given(leaf.name) else dataclasses.MISSING
+        if from_file is dataclasses.MISSING and config_file is not None and not given(leaf.name) and added:
+            from_file = _lookup(added, leaf.path)
+        if from_file is not dataclasses.MISSING:
+            if leaf.many and isinstance(from_file, (str, int, float)):
+                from_file = [from_file]
+            try:
+                v = TypeAdapter(leaf.hint).validate_python(from_file)
+            except ValidationError as err:
+                detail = err.errors()[0]["msg"]
+                raise ValueError(f"{config_file}: {'.'.join(leaf.path)}: {from_file!r}: {detail}") from None
+        elif leaf.many and v is not None:
+            v = [p for x in v for p in (str(x).split(",") if leaf.commas and isinstance(x, str) else [x]) if p != ""]
+            bad = [p for p in v if leaf.choices and p not in leaf.choices]
+            if bad:
+                raise ValueError(f"--{leaf.name.replace('_', '-')}: {bad[0]!r} is not one of {', '.join(leaf.choices or ())}")
+            if leaf.container is tuple:
+                v = tuple(v)
+        elif _unwrap_optional(leaf.hint)[0] is Path and v is not None:
+            v = Path(v)
+        flat[leaf.path] = v
+
+    def make(c: type, prefix: tuple[str, ...]) -> Any:
+        hints = typing.get_type_hints(c)
+        return c(**{f.name: make(hints[f.name], prefix + (f.name,)) if dataclasses.is_dataclass(hints[f.name])
+                    else flat[prefix + (f.name,)] for f in dataclasses.fields(c)})
+
+    return make(cls, ())
+
+
+def config_command(app: typer.Typer, name: str, cls: type, run: Callable[..., None], *,
+                   extra: Sequence[inspect.Parameter] = (), aliases: dict[str, str] | None = None,
+                   ignore: tuple[str, ...] = (), added: dict[str, Any] | None = None) -> None:
+    """Register command ``name``: its options are config type ``cls``'s fields (plus ``extra``); it
+    builds the config (a bad value fails here, before any work) and calls ``run(cfg, **extra
+    values)``, which imports what the command uses. ``ignore``: keys a stored config records beside
+    the fields; ``added``: the values of fields a stored config may lack (see :func:`build_config`)."""
+    params = config_params(cls, aliases) + list(extra)
+    extra_names = {p.name for p in extra}
+    clash = extra_names & {leaf.name for leaf in leaves(cls)} | ({"config", "ctx"} & {leaf.name for leaf in leaves(cls)})
+    if clash:
+        raise TypeError(f"{name}: option names used twice: {sorted(clash)}")
+
+    def command(ctx: typer.Context, **kw: Any) -> None:
+        config_file = kw.pop("config")
+        extras = {k: kw.pop(k) for k in list(kw) if k in extra_names}
+        try:
+            cfg = build_config(cls, kw, config_file=config_file, ignore=ignore, added=added,
+                               given=lambda n: getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE")
+        except (ValueError, TypeError) as err:
+            fail(str(err))
+            return
+        run(cfg, **extras)
+
+    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)] + params
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__doc__ = run.__doc__
+    command.__name__ = name
+    app.command(name)(command)
+
+
+def fail(msg: str) -> None:
+    """The error, literally, on stderr without wrapping (a one-line message stays one line); exit 2."""
+    from rich.console import Console
+    from rich.text import Text
+
+    Console(stderr=True).print(Text.assemble(("error:", "red"), " ", msg), soft_wrap=True)
+    raise typer.Exit(2)

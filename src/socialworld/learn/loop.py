@@ -1,0 +1,422 @@
+"""Wake-sleep-deploy (contract §7–§9), resumable in a run directory.
+
+Per cycle ``c``::
+
+    cycle-c/wake/episodes.jsonl         the current policy on *training* seeds
+    cycle-c/wake/reference.jsonl        the continuation policy on the same seeds (dialogue pairs) and on
+                                        ``reference_episodes`` training seeds per scenario (reference pairs)
+    cycle-c/sleep/pairs-action.parquet  gated step-level pairs
+    cycle-c/sleep/pairs-dialogue.parquet
+    cycle-c/sleep/gating.json           every exclusion counted by reason
+    cycle-c/train/<track>/adapter/      PEFT LoRA adapter per track: action resumed from cycle c-1's,
+                                        dialogue from the deployed action adapter (see _train_cycle);
+                                        or train/merged/adapter/ for both (ablation E1)
+    cycle-c/eval/episodes.jsonl         the deployed policy (base + both adapters) on eval seeds
+    cycle-c/summary.json                with paired-bootstrap differences against cycle 0
+    cycle-0/eval/episodes.jsonl         the untrained policy on the same eval seeds (the baseline)
+
+``unlock`` picks the tiers of each cycle: all of them, the protocol's progressive unlocking
+(L0; L0+L1; all), or adaptive unlocking. Every artifact goes through :class:`~socialworld.rundir.RunDir`, so a killed loop resumes from
+its last complete artifact.
+
+Cycle ``c``'s evaluation policy is cycle ``c+1``'s wake policy (base + cycle ``c``'s adapters;
+cycle 0: the untrained model), so when cycle ``c+1``'s tiers are known in advance (every unlock
+mode but adaptive after cycle 1) its wake episodes run in the same lockstep rollout as cycle
+``c``'s evaluation: one policy load and fuller batches instead of a second, mostly idle rollout.
+The records are the same kind either way; a run killed between the two commits makes the wake
+on its own when resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+from typing import Callable, Literal, Sequence
+
+from socialworld.agents.lm.policy import SAY_TOKENS
+from socialworld.agents.models import TRACKS, parse_model_spec
+from socialworld.agents.registry import make_policy
+from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig, PairBuild, SleepConfig
+from socialworld.learn.sleep import PAIR_SCHEMA, GatingReport, read_pairs, run_sleep, screen_and_gate, write_pairs
+from socialworld.learn.train import TRAIN_RECORD, TrainRecord, grpo_rows, train_adapter
+from socialworld.metrics.core import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
+from socialworld.metrics.lifelong import next_unlocked, progressive_schedule
+from socialworld.metrics.stats import Interval, paired_difference
+from socialworld.records import Document, EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, record_from_json, write_jsonl
+from socialworld.rollout.evaluate import episode_seeds
+from socialworld.rollout.judge import checked_judgement, judge_episodes, read_judged, write_judged
+from socialworld.rollout.runner import EpisodeJob, per_turn, run_episodes, turn_budget
+from socialworld.rollout.scale import ray_init, rollouts
+from socialworld.rundir import CONTRACT_KEY, LEGACY_CONTRACT, LEGACY_PAIRS, PAIRS_KEY, CycleFiles, RunDir, cycle_files, with_defaults
+from socialworld.text.templates import POLICY_PROMPT_VERSION
+from socialworld.world.rng import derive_seed
+from socialworld.world.spec import SCENARIO_STORE, RunScenarios, ScenarioError, capped, resolve_scenarios, run_scenarios, spec_yaml
+
+JUDGE_MAX_ENDPOINT_FAILURES = 0.2
+"""the loop stops (and retries when rerun) when its judge's endpoint gave no reply on more than this share of episodes"""
+
+COMPARED = ("pass", "solve", "D", "CR", "U", "A_e", "S_npc")
+
+
+CYCLE_SUMMARY_SCHEMA = "cycle-summary-v1"
+
+
+class CycleSummary(Document):
+    """One loop cycle's result, as ``cycle-c/summary.json`` holds it."""
+
+    schema_version: Literal["cycle-summary-v1"] = CYCLE_SUMMARY_SCHEMA
+    cycle: int
+    tiers: list[str]
+    """the tiers this cycle trained and evaluated"""
+    pairs: dict[str, int]
+    """pairs kept per track (before replay)"""
+    excluded: dict[str, int]
+    """candidate pairs excluded, by ``track:reason``"""
+    replayed: dict[str, int] = {}
+    """pairs replayed from earlier cycles, per track"""
+    final_loss: dict[str, float | None]
+    """each trained adapter's last logged loss (None: not trained this cycle)"""
+    eval: dict[str, float | int | str]
+    """the deployed policy's metrics on the evaluation seeds (:meth:`~socialworld.metrics.core.Aggregate.as_dict`)"""
+    by_tier: dict[str, dict[str, float | int | str]]
+    vs_baseline: dict[str, Interval] | None = None
+    """paired bootstrap of this cycle minus the untrained policy, per compared metric (with a baseline)"""
+
+
+def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int]:
+    """Training seeds of a scenario in a cycle; never equal to an evaluation seed."""
+    seeds = [derive_seed(run_seed, "train", scenario_id, cycle, i) for i in range(n)]
+    if set(seeds) & set(episode_seeds(run_seed, scenario_id, 1000)):
+        raise RuntimeError("a training seed collides with an evaluation seed")
+    return seeds
+
+
+UNTRAINED = (cycle_files(0).eval, cycle_files(1).wake)
+"""Artifacts made by the untrained policy alone: the same in every run of the same model and seeds.
+(The reference episodes are the expert's: cheap to remake, and their number is a knob.)"""
+EVAL_KEYS = ("model", "tiers", "scenarios", "user_scenarios", "eval_episodes", "seed", "max_turns")
+WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
+
+
+EXECUTION_FIELDS = ("ray", "max_endpoint_failures")
+"""config fields that change how a run executes, never its artifacts: left out of ``config.yaml``
+(``max_endpoint_failures`` decides whether an endpoint's arm is scored at all, so a rerun may
+loosen it)"""
+
+
+def config_doc(cfg, user_scenarios: dict[str, str]) -> dict:
+    """What a run's ``config.yaml`` records (a loop's or a bench's): the config (its scenario names
+    already the ones :func:`~socialworld.world.spec.run_scenarios` records: paths replaced by ids),
+    ``user_scenarios`` (id -> content hash of each user scenario, stored in
+    ``RUN/scenarios/<id>.yaml``, so a changed file is never resumed silently) and the metrics
+    contract the run is scored under, and the format of its training pairs."""
+    doc = json.loads(json.dumps(asdict(cfg)))
+    for name in EXECUTION_FIELDS:  # how a run executes is not what it makes
+        doc.pop(name, None)
+    return doc | {"user_scenarios": user_scenarios, CONTRACT_KEY: METRICS_CONTRACT, PAIRS_KEY: PAIR_SCHEMA}
+
+
+def _reuse(run: RunDir, cfg: LoopConfig, mine: dict) -> None:
+    """Copy the untrained policy's artifacts from ``cfg.reuse_from``: the cycle-0 evaluation when
+    model, scenarios, eval episodes and seed match; cycle 1's wake when, besides, the training
+    episodes and cycle 1's tiers match. Each must be complete there, and made under this code's
+    policy prompt."""
+    import yaml
+
+    if not Path(cfg.reuse_from, "manifest.json").exists():
+        raise ValueError(f"--reuse-from {cfg.reuse_from}: not a run folder (no manifest.json)")
+    src = RunDir(cfg.reuse_from)
+    defaults = json.loads(json.dumps(asdict(LoopConfig()))) | {"user_scenarios": {}}  # a field added later has its default there
+    theirs = with_defaults(yaml.safe_load(src.path("config.yaml").read_text()), defaults)
+    if theirs.get(CONTRACT_KEY, LEGACY_CONTRACT) != METRICS_CONTRACT:
+        raise ContractMismatch(f"--reuse-from {cfg.reuse_from}: scored under {theirs.get(CONTRACT_KEY, LEGACY_CONTRACT)}, "
+                               f"this version scores under {METRICS_CONTRACT}; its artifacts cannot be mixed with this run's")
+    diff = [k for k in EVAL_KEYS if theirs.get(k) != mine[k]]
+    if diff:
+        raise ValueError(f"--reuse-from {cfg.reuse_from}: differs in {diff}, so its artifacts are not the same data")
+    theirs_cfg = LoopConfig(tiers=tuple(theirs["tiers"]), unlock=theirs["unlock"])
+    same_wake = all(theirs.get(k) == mine[k] for k in WAKE_KEYS) and \
+        unlocked_tiers(theirs_cfg, 1, (), []) == unlocked_tiers(cfg, 1, (), [])
+    rels = UNTRAINED if same_wake else UNTRAINED[:1]
+    for rel in rels:
+        if not src.complete(rel):
+            raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} is missing or incomplete there")
+        with open(src.path(rel), encoding="utf-8") as f:  # a language model's records name the prompt they were made under
+            line = f.readline()
+        first = record_from_json(EpisodeRecord, line) if line.strip() else None
+        require_contract([first] if first is not None else [], f"--reuse-from {cfg.reuse_from}: {rel}")
+        decoding = first.steps[0].policy.decoding if first is not None and first.steps else {}
+        prompt = decoding.get("prompt")
+        if prompt not in (None, POLICY_PROMPT_VERSION):
+            raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} was made under prompt {prompt}, this code "
+                             f"prompts with {POLICY_PROMPT_VERSION}, so its artifacts are not the same data")
+        if decoding.get("mode") == "constrained" and decoding.get("say_tokens") != SAY_TOKENS:
+            raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} was decoded with SAY lines of {decoding.get('say_tokens')} "
+                             f"tokens, this code decodes {SAY_TOKENS}, so its artifacts are not the same data")
+    for rel in rels:
+        run.produce(rel, f"copied:{src.root}@{src.sha(rel)[:12]}", lambda p, r=rel: shutil.copyfile(src.path(r), p))
+
+
+def _policy(cfg: LoopConfig, adapters: dict[str, str] | None):
+    return make_policy(cfg.model, batch_size=cfg.lm_batch_size, adapters=adapters)
+
+
+Progress = Callable[[str, int], Callable[[EpisodeRecord], None]]
+"""``progress(description, total)`` -> a per-episode callback (the CLI draws bars with it)."""
+
+
+def check_unlockable(cfg: LoopConfig, scenarios: RunScenarios) -> None:
+    """Progressive and adaptive unlocking start with the first tier alone: refuse, before any work,
+    scenarios none of which is of that tier (cycle 1 would have nothing to train or evaluate)."""
+    first = cfg.tiers[0]
+    if cfg.unlock != "fixed" and not any(s.tier == first for s in scenarios.specs):
+        raise ScenarioError(f"{cfg.unlock} unlocking starts with {first} alone, and no scenario is {first} "
+                            f"({', '.join(f'{s.id} {s.tier}' for s in scenarios.specs)}): add one, or unlock 'fixed'")
+
+
+def unlocked_tiers(cfg: LoopConfig, c: int, previous: tuple[str, ...], previous_eval: Sequence[EpisodeRecord]) -> tuple[str, ...]:
+    """The tiers cycle ``c`` trains and evaluates (see ``LoopConfig.unlock``)."""
+    if cfg.unlock == "fixed":
+        return tuple(cfg.tiers)
+    if cfg.unlock == "progressive" or c == 1:
+        return progressive_schedule(c, cfg.tiers)[-1]
+    newest = [e for e in previous_eval if e.tier == previous[-1]]
+    rate = aggregate(newest).pass_rate if newest else 0.0
+    return next_unlocked(previous, rate, cfg.adaptive_threshold, cfg.tiers)
+
+
+def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> list[CycleSummary]:
+    def rollout(policy, jobs: list[EpisodeJob], what: str) -> list[EpisodeRecord]:
+        on_steps = per_turn(progress(f"{what} (turns)", turn_budget(jobs))) if progress else None
+        return run_episodes(policy, jobs, on_steps=on_steps)
+
+    def eval_jobs(tiers: Sequence[str]) -> list[EpisodeJob]:
+        return [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
+                for seed in episode_seeds(cfg.seed, s.id, cfg.eval_episodes)]
+
+    def wake_jobs(c: int, tiers: Sequence[str], n: int | None = None) -> list[EpisodeJob]:
+        return [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
+                for seed in train_seeds(cfg.seed, s.id, c, cfg.train_episodes if n is None else n)]
+
+    def evaluate(c: int, tiers: Sequence[str], adapters: dict[str, str] | None, what: str) -> None:
+        """Cycle ``c``'s evaluation, with cycle ``c+1``'s wake in the same rollout when its tiers
+        are known now (see the module docstring)."""
+        rel, nxt = cycle_files(c).eval, cycle_files(c + 1).wake
+        inputs = [str(Path(p).relative_to(run.root)) for p in (adapters or {}).values()]
+        jobs = eval_jobs(tiers)
+        fused: list[EpisodeJob] = []
+        if c < cfg.cycles and (cfg.unlock != "adaptive" or c == 0) and not run.complete(rel) and not run.complete(nxt):
+            fused = wake_jobs(c + 1, unlocked_tiers(cfg, c + 1, tuple(tiers) if c else (), []))
+        held: list[EpisodeRecord] = []
+
+        def write(p: Path) -> None:
+            eps = rollout(_policy(cfg, adapters), jobs + fused, what + (f" + cycle {c + 1} wake" if fused else ""))
+            write_jsonl(p, eps[: len(jobs)])
+            held.extend(eps[len(jobs):])
+
+        run.produce(rel, "eval", write, inputs=inputs)
+        if held and run.produce(nxt, "wake", lambda p: write_jsonl(p, held), inputs=inputs):
+            log(f"cycle {c + 1}: wake {len(held)} episodes (in cycle {c}'s evaluation rollout)")
+
+    scenarios = run_scenarios(cfg.scenarios, cfg.tiers, cfg.out)  # checked before the run folder is made
+    check_unlockable(cfg, scenarios)
+    if cfg.ray:
+        ray_init(cfg.ray)  # a wrong address fails here, before any artifact
+    run = RunDir(cfg.out)
+    doc = config_doc(replace(cfg, scenarios=scenarios.names), scenarios.user)
+    run.write_config(doc, may_grow=("cycles",), defaults=LOOP_ADDED_FIELDS)
+    for s in scenarios.specs:
+        if s.id in scenarios.user:
+            run.produce(f"{SCENARIO_STORE}/{s.id}.yaml", "scenario", lambda p, s=s: atomic_write_text(p, spec_yaml(s)))
+    specs = {s.id: capped(s, cfg.max_turns) for s in scenarios.specs}
+    if cfg.reuse_from:
+        _reuse(run, cfg, doc)
+    adapters: dict[str, str] | None = None
+    summaries: list[CycleSummary] = []
+    if cfg.baseline:  # every tier that may unlock: the untrained policy is the same in every cycle
+        evaluate(0, cfg.tiers, None, "cycle 0 eval (untrained)")
+        m0 = aggregate(read_jsonl(run.path(cycle_files(0).eval))).as_dict()
+        log(f"cycle 0 (untrained): eval pass {m0['pass_rate']:.2f} solve {m0['solve_rate']:.2f} D {m0['D']:.2f} CR {m0['CR']:.2f}")
+    tiers: tuple[str, ...] = ()
+    evaluated: list[EpisodeRecord] = []
+    for c in range(1, cfg.cycles + 1):
+        d = cycle_files(c)
+        tiers = unlocked_tiers(cfg, c, tiers, evaluated)
+        prev = [rel for rel in (str(Path(p).relative_to(run.root)) for p in (adapters or {}).values())]
+        jobs = wake_jobs(c, tiers)
+        if run.produce(d.wake, "wake", lambda p: write_jsonl(p, rollout(_policy(cfg, adapters), jobs, f"cycle {c} wake")),
+                       inputs=prev):
+            log(f"cycle {c} ({'+'.join(tiers)}): wake {len(jobs)} episodes")
+        run.produce(d.reference, f"wake:{cfg.sleep.continuation}",
+                    lambda p: write_jsonl(p, rollouts(cfg.sleep.continuation,
+                                                               wake_jobs(c, tiers, max(cfg.train_episodes, cfg.reference_episodes)),
+                                                               ray=cfg.ray)))
+        wake = read_jsonl(run.path(d.wake))
+        ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(d.reference))}
+        judged = _judged(cfg, run, d, wake, ref, specs, log)
+
+        earlier = [cycle_files(k) for k in range(1, c)] if cfg.sleep.replay > 0 else []
+
+        def sleep_all(_p: Path) -> None:
+            old = [p for e in earlier for t in TRACKS for p in read_pairs(run.path(e.pairs(t)))]
+            result = run_sleep(specs, wake, ref, cfg.sleep, judged=judged, earlier=old, replay_key=(c,), progress=progress,
+                               ray=cfg.ray)
+            kept, report = result.kept, result.report
+            _p.mkdir()
+            for t in TRACKS:
+                report.replaced += write_pairs(_p / Path(d.pairs(t)).name, [p for p in kept if p.track == t])
+            atomic_write_text(_p / Path(d.gating).name, json.dumps(report.as_dict(), indent=1, sort_keys=True) + "\n")
+
+        run.produce(d.sleep, "sleep", sleep_all, inputs=[d.wake, d.reference,
+                                                              *([d.wake_judged] if cfg.judge else []), *(e.sleep for e in earlier)])
+        gating = json.loads(run.path(d.gating).read_text())
+        log(f"cycle {c}: pairs kept {gating['kept']}, excluded {gating['excluded']}"
+            + (f", replayed from earlier cycles {gating['replayed']}" if gating.get("replayed") else ""))
+        losses, adapters = _train_cycle(cfg, run, c, adapters, prev, specs, log, progress)
+        evaluate(c, tiers, adapters, f"cycle {c} eval")
+        evaluated = read_jsonl(run.path(d.eval))
+        m = aggregate(evaluated).as_dict()
+        vs = None
+        if cfg.baseline:
+            keys = {(e.scenario_id, e.seed) for e in evaluated}
+            base = [e for e in read_jsonl(run.path(cycle_files(0).eval)) if (e.scenario_id, e.seed) in keys]
+            vs = {k: paired_difference(base, evaluated, k, seed=cfg.seed) for k in COMPARED}
+        summary = CycleSummary(
+            cycle=c, tiers=list(tiers), pairs=gating["kept"], excluded=gating["excluded"], replayed=gating.get("replayed", {}),
+            final_loss={t: (v[-1] if v else None) for t, v in losses.items()}, eval=m,
+            by_tier={t: aggregate(eps).as_dict() for t, eps in sorted(group_by(evaluated, "tier").items())}, vs_baseline=vs)
+        run.produce(d.summary, "summary", lambda p: atomic_write_text(p, summary.to_json()),
+                    inputs=[d.eval, d.sleep,
+                            *(str(Path(p).relative_to(run.root)) for p in (adapters or {}).values()),
+                            *([cycle_files(0).eval] if cfg.baseline else [])])
+        log(f"cycle {c}: eval pass {m['pass_rate']:.2f} solve {m['solve_rate']:.2f} D {m['D']:.2f} CR {m['CR']:.2f}")
+        for k, iv in (summary.vs_baseline or {}).items():
+            log(f"cycle {c}: {k} - untrained = {iv.mean:+.3f}, 95% paired bootstrap [{iv.lo:+.3f}, {iv.hi:+.3f}]")
+        summaries.append(summary)
+    return summaries
+
+
+def _judged(cfg: LoopConfig, run: RunDir, d: CycleFiles, wake: list[EpisodeRecord], ref: dict[tuple[str, int], EpisodeRecord],
+            specs: dict, log: Callable[[str], None]) -> dict[str, JudgeRec] | None:
+    """With ``cfg.judge``: the judge's record of every wake and reference episode of cycle folder
+    ``d`` (made once, ``wake/judge.jsonl``), by episode id; else None."""
+    if not cfg.judge:
+        return None
+    eps = [*wake, *(ref[k] for k in sorted(ref))]
+    if run.produce(d.wake_judged, f"judge:{cfg.judge}",
+                   lambda p: write_judged(p, checked_judgement(
+                       cfg.judge, judge_episodes(cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), JUDGE_MAX_ENDPOINT_FAILURES)),
+                   inputs=[d.wake, d.reference]):
+        log(f"{d.root}: judged {len(eps)} wake and reference episodes with {cfg.judge}")
+    return read_judged(run.path(d.wake_judged))
+
+
+def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] | None, prev: list[str],
+                 specs: dict, log: Callable[[str], None], progress: Progress | None = None
+                 ) -> tuple[dict[str, list[float]], dict[str, str] | None]:
+    """Train this cycle's adapters: one per track in ``cfg.tracks`` (resumed from the previous
+    cycle's), or one ``merged`` adapter on both tracks' pairs deployed for both (ablation E1).
+    The dialogue adapter starts from the deployed action adapter where there is one (this cycle's,
+    or the previous one when the action track had no pairs; the action track's turns end in the
+    expert's words for their action, :mod:`socialworld.learn.sleep`, so it already writes them) and trains on the dialogue pairs together with that cycle's
+    action turns: a few pairs alone overwrite the words (the first cycle's seven, six of them
+    ``wait()``, made it say "Let's give it a moment" after every action), and a dialogue adapter
+    trained apart on its own pairs wrote belief-like text on a third of its SAY lines
+    (docs/experiments/2026-11-24-words-in-the-action-track.md). A track without gated pairs keeps
+    its previous adapter."""
+    d = cycle_files(c)
+    losses: dict[str, list[float]] = {}
+    trained: dict[str, str] = dict(adapters or {})
+    fresh: list[str] = []  # run-relative folders of the adapters trained this cycle
+    groups = {"merged": [t for t in TRACKS if t in cfg.tracks]} if cfg.merged else {t: [t] for t in TRACKS if t in cfg.tracks}
+    for name, members in groups.items():
+        if cfg.train.method == "grpo" and members != ["action"]:
+            log(f"cycle {c}: grpo trains the action track only (its reward is the simulator's step return)")
+            continue
+        pairs = [p for t in members for p in read_pairs(run.path(d.pairs(t)))]
+        if not pairs:  # nothing passed gating: the track keeps its adapter
+            log(f"cycle {c}: no {name} pairs passed gating; the {name} adapter is not retrained")
+            continue
+        rel = d.adapter(name)
+        resume = trained.get(members[0])
+        data: dict = {"pairs": run.path(d.pairs(members[0]))} if len(members) == 1 else {"pairs": pairs}
+        if name == "dialogue" and "action" in cfg.tracks and "action" in trained:
+            resume = trained["action"]
+            data = {"pairs": pairs + read_pairs(run.path(d.pairs("action")))}
+        if cfg.train.method == "grpo":
+            data = {"grpo_rows": grpo_rows(pairs), "specs": specs}
+        tcfg = replace(cfg.train, steps=min(cfg.train.steps, cfg.dialogue_steps)) if name == "dialogue" and cfg.dialogue_steps else cfg.train
+        run.produce(rel, f"train:{cfg.train.method}",
+                    lambda p, data=data, r=resume, t=tcfg, n=name: train_adapter(
+                        _base_path(cfg), p, t, resume_from=r,
+                        progress=(lambda total: progress(f"cycle {c} train {n} (steps)", total)) if progress else None, **data),
+                    inputs=[d.sleep] + prev + fresh)
+        fresh.append(rel)
+        info = TrainRecord.model_validate_json(run.path(f"{rel}/{TRAIN_RECORD}").read_text())
+        losses[name] = info.losses
+        rows = info.rows
+        if rows.get("trained_on", 0) < rows.get("given", 0):
+            log(f"cycle {c}: {name}: {rows['given'] - rows['trained_on']} of {rows['given']} pairs dropped by TRL "
+                f"(prompt of max_length={cfg.train.max_length} tokens or more)")
+        for t in members:
+            trained[t] = str(run.path(rel))
+    return losses, (trained or None)
+
+
+def stored_sleep_config(run_dir: str | Path) -> SleepConfig:
+    """The sleep settings a loop run was written with (fields added since filled by ``LOOP_ADDED_FIELDS``)."""
+    import yaml
+
+    doc = yaml.safe_load(Path(run_dir, "config.yaml").read_text())
+    return SleepConfig(**with_defaults(doc["sleep"], LOOP_ADDED_FIELDS["sleep"]))
+
+
+def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) -> dict[str, dict]:
+    """Rebuild one cycle's candidate pairs from its stored wake episodes and screen and gate them
+    under each variant's settings (a variant keeps the run's :class:`PairBuild`, so the candidates
+    are the same; checked before any work): the gating ablation on exactly the same data, without training.
+    Returns, per variant, its gating report, its kept pair ids, and whether they equal the run's
+    (replay from earlier cycles is not redone: it only adds pairs those cycles kept)."""
+    import yaml
+
+    run = RunDir(run_dir)
+    cfg_doc = yaml.safe_load(run.path("config.yaml").read_text())
+    if cfg_doc.get(PAIRS_KEY, LEGACY_PAIRS) != PAIR_SCHEMA:
+        raise ValueError(f"{run.root}: its training pairs are {cfg_doc.get(PAIRS_KEY, LEGACY_PAIRS)}, this version builds "
+                         f"{PAIR_SCHEMA}: re-gating would not rebuild the run's pairs")
+    own = stored_sleep_config(run_dir)
+    d = cycle_files(cycle)
+    for rel in (d.wake, d.reference, d.sleep):
+        if not run.complete(rel):
+            raise ValueError(f"{run.root}: {rel} is missing or incomplete")
+    wake = read_jsonl(run.path(d.wake))
+    ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(d.reference))}
+    specs = {s.id: s for s in resolve_scenarios(sorted({e.scenario_id for e in wake}), max_turns=cfg_doc.get("max_turns", 0),
+                                                run_dir=run_dir)}
+    judged = read_judged(run.path(d.wake_judged)) if run.complete(d.wake_judged) else None
+    for name, v in variants.items():
+        if v.build != own.build:
+            differ = [f.name for f in fields(PairBuild) if getattr(v, f.name) != getattr(own, f.name)]
+            raise ValueError(f"variant {name}: only screening and gating settings may differ from the run's, not {', '.join(differ)}")
+    result = run_sleep(specs, wake, ref, own, judged=judged)  # no earlier pairs: nothing replayed
+    built = {p.id for p in result.candidates}  # the run's files also hold pairs replayed from earlier cycles
+    run_ids = sorted(p.id for t in TRACKS for p in read_pairs(run.path(d.pairs(t))) if p.id in built)
+    out = {}
+    for name, v in {"run": own, **variants}.items():
+        if name == "run":
+            report, kept = result.report, result.kept
+        else:
+            report = GatingReport(candidates=result.built.candidates, excluded=result.built.excluded.copy())
+            kept = screen_and_gate(result.candidates, v, report)
+        ids = sorted(p.id for p in kept)
+        out[name] = {"report": report.as_dict(), "ids": ids, "same_as_run": ids == run_ids}
+    return out
+
+
+def _base_path(cfg: LoopConfig) -> str:
+    from socialworld.agents.models import bundled_path
+
+    ms = parse_model_spec(cfg.model)
+    return str(bundled_path()) if ms.kind == "bundled" else ms.name

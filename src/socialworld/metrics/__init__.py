@@ -1,0 +1,1 @@
+"""Metrics as pure functions over records: per-episode core metrics, confidence intervals, lifelong metrics, diagnostics."""

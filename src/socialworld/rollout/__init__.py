@@ -1,0 +1,1 @@
+"""Running policies in the world: the lockstep episode runner, evaluation, the LM judge, conformance checks, Ray, Gymnasium."""

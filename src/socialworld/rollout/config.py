@@ -1,0 +1,117 @@
+"""The configs of running policies (``socialworld eval``) and the checks other configs share: light
+to import (the command line builds its options from them)."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from socialworld.agents.models import parse_model_spec
+from socialworld.config import at_least
+from socialworld.records import TMP_MARK
+
+RAY_HELP = ("run the parallel work as Ray tasks: '' (off: one process), 'local' (a local Ray on this machine's CPUs), "
+            "or a cluster address (ray://host:10001, auto); needs pip install 'socialworld[scale]'")
+
+
+def check_ray(address: str) -> None:
+    """Fail before any work when ``address`` asks for Ray and Ray is not installed."""
+    if not address:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError(f"--ray {address}: Ray is not installed; pip install 'socialworld[scale]' (or drop --ray)")
+
+
+def check_judge(judge: str) -> None:
+    """A config's ``judge`` (empty: none) is a language-model spec; raises ``ValueError`` before any work."""
+    from socialworld.agents.models import parse_model_spec
+
+    if judge and parse_model_spec(judge).kind == "scripted":
+        raise ValueError(f"the judge must be a language model spec, not the scripted policy {judge!r}")
+
+
+@dataclass
+class EvalConfig:
+    """Configuration of ``socialworld eval``; each field's help is the CLI's help."""
+
+    policy: str = field(
+        default="expert",
+        metadata={"help": ("policy: random, expert, oracle, bundled, a model path or hub id, or openai:<model>@<base_url>; "
+                           "a local model with a trained run's adapters as <model>+<run folder>")},
+    )
+    tiers: list[str] | None = field(default=None, metadata={"help": "tiers to evaluate (L0, L1, L2); default all"})
+    scenarios: list[str] | None = field(
+        default=None, metadata={"commas": False, "help": "scenario ids or YAML paths; default all shipped scenarios"}
+    )
+    episodes: int = field(default=3, metadata={"help": "episodes per scenario"})
+    seed: int = field(default=0, metadata={"help": "run seed; episode seeds are derived from it"})
+    batch_size: int = field(default=64, metadata={"help": "episodes advanced in lockstep per batch"})
+    lm_batch_size: int = field(default=12, metadata={"help": "language models: prompts per forward pass (or concurrent API calls)"})
+    decoding: Literal["auto", "free", "constrained"] = field(
+        default="auto",
+        metadata={"help": ("language models: free (parse BELIEF/ACTION/SAY), constrained (greedy under the reply grammar: "
+                           "parseable by construction; for an openai: endpoint the grammar goes as a regex in vLLM's "
+                           "structured_outputs field), auto (constrained for local models, free for endpoints)")},
+    )
+    max_new_tokens: int = field(default=64, metadata={"help": "language models: tokens generated per free-form reply"})
+    judge: str = field(default="", metadata={"help": (
+        "an LM judge's model spec (off when empty): scores every episode 0-10 on goal and believability "
+        "(SOTOPIA-style) from its public transcript, beside the rule metrics (source proxy, written to judge.jsonl)")})
+    request_timeout: float = field(default=60.0, metadata={"help": (
+        "openai: endpoints: the most seconds one request may take, from connecting to the reply's last byte")})
+    out: Path | None = field(
+        default=None,
+        metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json [default: runs/eval-<policy>-s<seed>]"},
+    )
+    overwrite: bool = field(default=False, metadata={"help": "replace the records already in the output folder"})
+    ray: str = field(default="", metadata={"help": RAY_HELP + "; scripted and openai: policies only, one episode per task"})
+    max_endpoint_failures: float = field(default=0.2, metadata={"help": (
+        "language models: when more than this share of steps got no reply (a transport or API failure), the "
+        "evaluation ends with an error instead of scores (the records are kept)")})
+
+    def __post_init__(self) -> None:
+        check_ray(self.ray)
+        kind = parse_model_spec(self.policy).kind  # a typo (or adapters that are not there) fails now
+        check_judge(self.judge)
+        if self.ray and kind not in ("scripted", "openai"):
+            raise ValueError(f"--ray spreads scripted and openai: policies; {self.policy!r} is a local model (run it without --ray)")
+        if self.decoding not in ("auto", "free", "constrained"):
+            raise ValueError(f"decoding must be auto, free or constrained, got {self.decoding!r}")
+        at_least(self, 1, "episodes", "batch_size", "lm_batch_size", "max_new_tokens")
+        if not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout!r}")
+        if not 0 <= self.max_endpoint_failures <= 1:
+            raise ValueError(f"max_endpoint_failures must be a share in [0, 1], got {self.max_endpoint_failures}")
+
+    def out_dir(self) -> Path:
+        """``out``, or ``runs/eval-<policy>-s<seed>`` with every character of the policy spec that is
+        not a letter, digit, ``.``, ``_`` or ``-`` written ``_`` (an ``openai:m@http://h:1/v1`` spec
+        would otherwise nest folders, with colons no file system takes everywhere)."""
+        if self.out is not None:
+            return Path(self.out)
+        return Path("runs") / f"eval-{re.sub(r'[^A-Za-z0-9._-]', '_', self.policy)}-s{self.seed}"
+
+    def check_out(self) -> Path:
+        """Before any work: the output folder is writable, and holds no records unless ``overwrite``."""
+        out = self.out_dir()
+        if (out / "episodes.jsonl").exists() and not self.overwrite:
+            raise ValueError(f"{out} already holds an evaluation's records: use another --out, or --overwrite to replace them")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=out, prefix=f".probe.{TMP_MARK}", suffix=".tmp")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as err:
+            raise ValueError(f"cannot write the records to {out}: {err.strerror or err}") from None
+        return out
+
+
+def help_for(cfg_type: Any, name: str) -> str:
+    """The help of config field ``name`` (its ``metadata["help"]``)."""
+    return cfg_type.__dataclass_fields__[name].metadata["help"]

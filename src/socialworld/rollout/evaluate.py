@@ -1,0 +1,88 @@
+"""Evaluation: run a policy over scenarios and seeds, score, aggregate, write records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from socialworld.agents.lm.backends import EndpointFailure
+from socialworld.agents.models import SCRIPTED
+from socialworld.agents.registry import make_policy
+from socialworld.metrics.core import METRICS_CONTRACT, aggregate, group_by
+from socialworld.records import EpisodeRecord, JudgeRec, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
+from socialworld.rollout.config import EvalConfig
+from socialworld.rollout.judge import judge_episodes, summarise, write_judged
+from socialworld.rollout.runner import EpisodeJob, run_episodes
+from socialworld.rollout.scale import ray_init, rollouts
+from socialworld.world.rng import derive_seed
+from socialworld.world.spec import resolve_scenarios
+
+
+def episode_seeds(run_seed: int, scenario_id: str, n: int) -> list[int]:
+    """Evaluation seeds of a scenario: derived from (run seed, 'eval', scenario, index)."""
+    return [derive_seed(run_seed, "eval", scenario_id, i) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    policy: str
+    episodes: list[EpisodeRecord]
+    judged: list[JudgeRec] = field(default_factory=list)
+    """the LM judge's record of each episode (empty without ``--judge``)"""
+
+    def summary(self) -> dict:
+        """The ``eval --json`` document."""
+        by_tier = {t: aggregate(eps).as_dict() for t, eps in sorted(group_by(self.episodes, "tier").items())}
+        by_scenario = {}
+        for sid, eps in group_by(self.episodes, "scenario_id").items():
+            by_scenario[sid] = {**aggregate(eps).as_dict(), "tier": eps[0].tier}
+        doc = {"policy": self.policy, "metrics_contract": METRICS_CONTRACT, "episodes": len(self.episodes),
+               "by_tier": by_tier, "by_scenario": by_scenario}
+        if self.judged:
+            tier = {e.episode_id: e.tier for e in self.episodes}
+            doc["judge"] = {"all": summarise(self.judged).as_dict(),
+                            "by_tier": {t: summarise([r for r in self.judged if tier[r.episode_id] == t]).as_dict()
+                                        for t in sorted(set(tier.values()))}}
+        return doc
+
+
+def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None = None,
+             on_steps: Callable[[int], None] | None = None) -> EvalResult:
+    """Run, score and write ``cfg``'s episodes. ``on_episode`` as each is scored; ``on_steps`` (one
+    process only) as each lockstep step uses up turns (:func:`~socialworld.rollout.runner.run_episodes`)."""
+    specs = resolve_scenarios(cfg.scenarios, cfg.tiers)
+    if not specs:
+        raise ValueError("no scenario matches the chosen scenarios and tiers")
+    jobs = [EpisodeJob(s, seed) for s in specs for seed in episode_seeds(cfg.seed, s.id, cfg.episodes)]
+    lm = {} if cfg.policy in SCRIPTED else {"batch_size": cfg.lm_batch_size, "decoding": cfg.decoding,
+                                            "max_new_tokens": cfg.max_new_tokens, "timeout_s": cfg.request_timeout}
+    policy = make_policy(cfg.policy, seed=cfg.seed, **lm)
+    out = cfg.check_out()  # before any episode: nothing run is lost to an unwritable or occupied folder
+    if cfg.ray:
+        ray_init(cfg.ray)
+    if cfg.ray:  # the same records, one episode per Ray task
+        eps = rollouts(cfg.policy, jobs, ray=cfg.ray, seed=cfg.seed, run_seed=cfg.seed, tick=on_episode, **lm)
+    else:
+        eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed, on_steps=on_steps)
+    write_jsonl(out / "episodes.jsonl", eps)
+    write_parquet(out / "episodes.parquet", eps)
+    failed = aggregate(eps).endpoint_failure_rate
+    if failed > cfg.max_endpoint_failures:  # scores of a dead endpoint would only measure the endpoint
+        (out / "metrics.json").unlink(missing_ok=True)
+        raise EndpointFailure(f"the endpoint of {cfg.policy} gave no reply on {failed:.0%} of the steps (more than "
+                              f"--max-endpoint-failures {cfg.max_endpoint_failures:g}; the first error: {first_endpoint_error(eps)}): "
+                              f"no scores; the records are in {out}")
+    judged = judge_episodes(cfg.judge, eps, {s.id: s for s in specs}, batch_size=cfg.lm_batch_size,
+                            timeout_s=cfg.request_timeout) if cfg.judge else []
+    if judged:
+        write_judged(out / "judge.jsonl", judged)
+    else:  # an earlier evaluation's judgement (--overwrite) is not this one's
+        (out / "judge.jsonl").unlink(missing_ok=True)
+    result = EvalResult(cfg.policy, eps, judged)
+    atomic_write_text(out / "metrics.json", dumps_canonical(result.summary()) + "\n")
+    return result
+
+
+def first_endpoint_error(eps: list[EpisodeRecord]) -> str:
+    """The error of the first step whose endpoint gave no reply ("" if none)."""
+    return next((s.action.error or "" for e in eps for s in e.steps if s.action.failure == "endpoint"), "")

@@ -1,0 +1,159 @@
+"""The social world as a Gymnasium environment, for RL stacks that speak Gymnasium (TRL, verifiers,
+OpenEnv adapters, your own PPO).
+
+``import socialworld.rollout.gym`` registers one id per shipped scenario, ``socialworld/<scenario id>``
+(``gymnasium.make("socialworld/team_lunch-v1")``); ``gymnasium.register_envs(socialworld.rollout.gym)``
+says so to a linter. :class:`SocialWorldEnv` also takes a scenario YAML path of your own.
+
+* **Observation**: text. ``observation="prompt"`` (default) is the user message a language-model
+  policy receives (``socialworld.agents.lm.prompts``: the compact state and the agent's own last
+  moves; the scenario's static brief is in ``info["messages"]``, the full chat);
+  ``observation="render"`` is the world's long render. Either way ``info`` holds the structured
+  observation.
+* **Action**: text in the policy's reply format (``BELIEF: …`` / ``ACTION: <action>`` / ``SAY: …``;
+  only ``ACTION`` is required), parsed strictly (:func:`socialworld.agents.lm.prompts.parse_output`).
+  Unparseable or illegal text is the world's own case: recorded, penalised, executed as ``wait()``.
+* **Reward**: the world's step reward (Phi gain minus the step's penalty, contract §5.1).
+* **terminated** at ``end()`` or the turn budget (the budget is part of the task, not a time
+  limit); ``truncated`` is always False.
+* ``info``: ``observation`` (structured, plain types), ``legal_actions`` (their canonical
+  strings), ``messages`` (the LM chat for this state), and after a step ``parse_status``,
+  ``error``, ``executed``, ``penalty``, ``penalty_reasons``, ``q`` (dialogue score, None when
+  nothing assessable was said), ``align`` (the stated belief against the hidden truth; None
+  without a parseable belief), ``replies`` and ``subgoals``.
+* ``reset(seed=s)`` fully determines the episode: the world is ``World(spec, s)``. Without a
+  seed, the episode seed is drawn from the env's ``np_random``.
+* Lookahead: :attr:`SocialWorldEnv.world` is the live :class:`~socialworld.world.engine.World`
+  (``fork()``, ``snapshot_json()``); :meth:`SocialWorldEnv.snapshot` / :meth:`restore` save and
+  put back the whole env state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import gymnasium
+from gymnasium import spaces
+
+from socialworld.agents.lm.prompts import build_messages, parse_output
+from socialworld.metrics.core import align
+from socialworld.world.engine import World
+from socialworld.world.spec import ScenarioSpec, capped, load_builtin_scenarios, resolve_scenarios
+from socialworld.world.visibility import legal_actions, observe, render, to_plain
+
+ENV_NAMESPACE = "socialworld"
+MAX_TEXT = 1 << 16
+"""longest observation or action text the spaces declare (characters)"""
+SAMPLE_CHARSET = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 (),:=_-\n")
+"""characters :meth:`AnyText.sample` draws from (enough to write the reply format)"""
+
+
+class AnyText(spaces.Text):
+    """A ``Text`` space of any Unicode string up to ``max_length`` characters: model text (a SAY
+    line the world repeats in the observation, a scenario written in any language) is never
+    outside the space. ``sample`` draws from :data:`SAMPLE_CHARSET`."""
+
+    def __init__(self, max_length: int = MAX_TEXT, min_length: int = 0, seed: Any = None):
+        super().__init__(max_length, min_length=min_length, charset=SAMPLE_CHARSET, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"AnyText({self.min_length}, {self.max_length})"
+
+
+class SocialWorldEnv(gymnasium.Env):
+    """One scenario of the social world behind the Gymnasium API (module docstring)."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    """``ansi``: ``render()`` returns the world's full text render; one frame per step"""
+
+    def __init__(self, scenario: str | ScenarioSpec = "team_lunch-v1", observation: Literal["prompt", "render"] = "prompt",
+                 max_turns: int = 0, render_mode: str | None = None):
+        if observation not in ("prompt", "render"):
+            raise ValueError(f"observation must be prompt or render, got {observation!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        spec = scenario if isinstance(scenario, ScenarioSpec) else resolve_scenarios([scenario])[0]
+        self.scenario = capped(spec, max_turns)
+        """the scenario spec (``spec`` is Gymnasium's: the registered id and its kwargs)"""
+        self.observation = observation
+        self.render_mode = render_mode
+        self.observation_space = AnyText()
+        self.action_space = AnyText()
+        self.world: World | None = None
+        """the live world of the current episode (None before the first reset)"""
+
+    # ------------------------------------------------------------------ the API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        episode_seed = seed if seed is not None else int(self.np_random.integers(0, 2**63 - 1))
+        self.world = World(self.scenario, episode_seed)
+        return self._observe()
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        w = self._live()
+        if w.done:
+            raise RuntimeError("the episode is over: call reset()")
+        obs = observe(w.spec, w.pub)
+        parsed, belief, error = parse_output(action, obs) if isinstance(action, str) else (None, None, "the action is not text")
+        truth = w.truth()
+        res = w.step(parsed, parse_error=error)
+        text, info = self._observe()
+        info.update(parse_status=res.parse_status, error=res.error, executed=res.executed.key, penalty=res.penalty,
+                    penalty_reasons=list(res.penalty_reasons), q=res.q, align=None if belief is None else align(belief, truth),
+                    replies=[{"speaker": r.speaker, "text": r.text} for r in res.replies], subgoals=w.subgoals())
+        return text, float(res.reward), bool(res.done), False, info
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        w = self._live()
+        return render(observe(w.spec, w.pub))
+
+    # ------------------------------------------------------------------ lookahead
+
+    def snapshot(self) -> str:
+        """The whole episode state as JSON (:meth:`World.snapshot_json`)."""
+        return self._live().snapshot_json()
+
+    def restore(self, snapshot: str) -> tuple[str, dict[str, Any]]:
+        """Put back a state from :meth:`snapshot`; returns its observation and info, as ``reset`` does."""
+        self.world = World.restore(snapshot, self.scenario)
+        return self._observe()
+
+    # ------------------------------------------------------------------ internals
+
+    def _live(self) -> World:
+        if self.world is None:
+            raise RuntimeError("call reset() first")
+        return self.world
+
+    def _observe(self) -> tuple[str, dict[str, Any]]:
+        w = self._live()
+        obs = observe(w.spec, w.pub)
+        messages = build_messages(obs)
+        text = messages[-1]["content"] if self.observation == "prompt" else render(obs)
+        return text, {"observation": to_plain(obs), "legal_actions": [a.key for a in legal_actions(obs)], "messages": messages}
+
+
+def env_id(scenario_id: str) -> str:
+    """The Gymnasium id of a shipped scenario: ``socialworld/<scenario id>``."""
+    return f"{ENV_NAMESPACE}/{scenario_id}"
+
+
+def register_envs() -> list[str]:
+    """Register every shipped scenario (idempotent); returns their ids."""
+    ids = []
+    for sid in load_builtin_scenarios():
+        name = env_id(sid)
+        if name not in gymnasium.registry:
+            gymnasium.register(id=name, entry_point=SocialWorldEnv, kwargs={"scenario": sid})
+        ids.append(name)
+    return ids
+
+
+ENV_IDS = register_envs()
+"""the registered ids (registering is what importing this module is for)"""

@@ -1,0 +1,225 @@
+"""Episode runner: many episodes advance in lockstep; one batched policy call per step.
+
+The runner is the only place that holds both a :class:`~socialworld.world.engine.World` and a
+policy. It hands a policy observations — and hidden views only to a
+:class:`~socialworld.core.PrivilegedPolicy`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from socialworld import __version__
+from socialworld.core import Decision, Memory, Policy, PrivilegedPolicy
+from socialworld.metrics.core import align, episode_metrics
+from socialworld.records import (
+    ActionRec,
+    DialogueRec,
+    EpisodeRecord,
+    FinalState,
+    Lineage,
+    MentalStateRec,
+    Message,
+    ObservationRec,
+    PolicyRec,
+    PromptRec,
+    Reply,
+    Setting,
+    Signal,
+    StepRecord,
+    StepSignals,
+)
+from socialworld.text.templates import AGENT_UTTERANCES_VERSION, CUES_VERSION, NPC_REPLIES_VERSION, OBSERVATION_TEXT_VERSION
+from socialworld.world.dialogue import DIALOGUE_SOURCE
+from socialworld.world.engine import SNAPSHOT_VERSION, World
+from socialworld.world.spec import ScenarioSpec
+from socialworld.world.visibility import OBSERVATION_PROVENANCE, observe, render, to_plain
+
+TEMPLATES = {
+    "npc_replies": NPC_REPLIES_VERSION,
+    "cues": CUES_VERSION,
+    "agent_utterances": AGENT_UTTERANCES_VERSION,
+    "observation_text": OBSERVATION_TEXT_VERSION,
+}
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    spec: ScenarioSpec
+    seed: int
+    tag: str = ""
+    """distinguishes episodes of the same (scenario, seed) run side by side (chain variants)"""
+    setup: Callable[[World], dict] | None = None
+    """applied to the fresh world before the first step (a chain's carry-over); what it returns
+    is recorded as the episode's ``lineage.chain``"""
+    memory: Memory | None = None
+    """handed to the policy in every observation of the episode (a chain's memory)"""
+
+    @property
+    def key(self) -> str:
+        return f"{self.spec.id}/{self.seed}" + (f"/{self.tag}" if self.tag else "")
+
+    def world(self) -> tuple[World, dict | None]:
+        w = World(self.spec, self.seed)
+        return w, (self.setup(w) if self.setup is not None else None)
+
+
+def turn_budget(jobs: Sequence[EpisodeJob]) -> int:
+    """The most decision steps ``jobs`` can take (what :func:`run_episodes`' ``on_steps`` counts to)."""
+    return sum(j.spec.turn_budget for j in jobs)
+
+
+def per_turn(tick: Callable[[object], None]) -> Callable[[int], None]:
+    """An ``on_steps`` callback from a per-item progress callback: ``tick`` once per turn used up."""
+    def on_steps(n: int) -> None:
+        for _ in range(n):
+            tick(None)
+    return on_steps
+
+
+def is_privileged(policy: object) -> bool:
+    return getattr(policy, "privileged", False) is True
+
+
+def decide(policy: Policy | PrivilegedPolicy, keys: list[str], worlds: list[World], obs: list) -> list[Decision]:
+    """One batched policy call; only a privileged policy is handed the worlds' hidden views."""
+    if is_privileged(policy):
+        return policy.act(keys, obs, [w.hidden_view() for w in worlds])  # type: ignore[call-arg]
+    return policy.act(keys, obs)  # type: ignore[call-arg]
+
+
+def run_episodes(
+    policy: Policy | PrivilegedPolicy,
+    jobs: Sequence[EpisodeJob],
+    *,
+    batch_size: int = 64,
+    policy_info: PolicyRec | None = None,
+    on_episode: Callable[[EpisodeRecord], None] | None = None,
+    run_seed: int | None = None,
+    on_steps: Callable[[int], None] | None = None,
+) -> list[EpisodeRecord]:
+    """Run ``jobs`` in lockstep batches of ``batch_size``; return scored episode records in
+    job order. ``on_episode(record)`` as each episode is scored; ``on_steps(n)`` after each
+    lockstep step with the turns it used up: one per episode that stepped, plus the unused turn
+    budget of each episode that just ended, so the counts add up to :func:`turn_budget` of the
+    jobs (a progress bar whose ETA holds while episodes in a lockstep batch finish together)."""
+    from socialworld.metrics.diagnostics import diagnose
+
+    info = policy_info or (policy.info() if hasattr(policy, "info") else PolicyRec(policy_id=policy.policy_id))
+    out: list[EpisodeRecord] = []
+    for start in range(0, len(jobs), batch_size):
+        batch = list(jobs[start : start + batch_size])
+        made = [j.world() for j in batch]
+        worlds = [w for w, _ in made]
+        keys = [j.key for j in batch]
+        policy.reset(keys)
+        steps: list[list[StepRecord]] = [[] for _ in batch]
+        phi0 = [w.progress() for w in worlds]
+        while True:
+            active = [i for i, w in enumerate(worlds) if not w.done]
+            if not active:
+                break
+            obs = [observe(worlds[i].spec, worlds[i].pub) for i in active]
+            obs = [o if batch[i].memory is None else dataclasses.replace(o, memory=batch[i].memory) for i, o in zip(active, obs)]
+            decisions = decide(policy, [keys[i] for i in active], [worlds[i] for i in active], obs)
+            for i, o, d in zip(active, obs, decisions):
+                steps[i].append(_step(worlds[i], o, d, info))
+            if on_steps:
+                on_steps(sum(1 + (worlds[i].spec.turn_budget - len(steps[i]) if worlds[i].done else 0) for i in active))
+        for j, (w, chain), st, p0 in zip(batch, made, steps, phi0):
+            ep = _episode(j, w, st, p0, info.policy_id, run_seed, chain)
+            ep = ep.model_copy(update={"metrics": episode_metrics(ep)})
+            ep = ep.model_copy(update={"diagnostics": diagnose(ep)})
+            out.append(ep)
+            if on_episode:
+                on_episode(ep)
+    return out
+
+
+def _prompt(d: Decision) -> PromptRec | None:
+    if d.prompt is None:
+        return None
+    version, messages = d.prompt
+    return PromptRec(version=version, messages=[Message(role=r, content=c) for r, c in messages])
+
+
+def _step(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
+    truth = w.truth()
+    a_t = align(d.mental_state, truth)
+    setting = Setting(scenario_id=w.spec.id, tier=w.spec.tier, seed=w.seed, step=w.t, turn_budget=w.spec.turn_budget)
+    obs_rec = ObservationRec(structured=to_plain(obs), text=render(obs), provenance=OBSERVATION_PROVENANCE)  # type: ignore[arg-type]
+    res = w.step(d.action, parse_error=d.parse_error)
+    moods = {k: Signal(value=v, source="direct", confidence=1.0, detail="hidden state") for k, v in w.moods().items()}
+    q = (
+        Signal(value=res.q, source="direct", confidence=0.8, detail=DIALOGUE_SOURCE)
+        if res.q is not None
+        else Signal(value=None, source="missing", confidence=0.0, detail=f"no assessable utterance ({res.parse_status})")
+    )
+    return StepRecord(
+        setting=setting,
+        observation=obs_rec,
+        mental_state=MentalStateRec(stated=None if d.mental_state is None else d.mental_state.to_dict(), truth=truth.to_dict()),
+        action=ActionRec(
+            structured=None if d.action is None else d.action.to_dict(),
+            raw=d.raw,
+            parse_status=res.parse_status,
+            error=res.error,
+            executed=res.executed.key,
+            **({"foresight": dict(d.foresight)} if d.foresight is not None else {}),
+            failure=d.failure,
+        ),
+        dialogue=DialogueRec(
+            utterance=res.executed.utterance if d.action is not None else "",
+            replies=[Reply(speaker=x.speaker, text=x.text) for x in res.replies],
+            announcements=list(res.announcements),
+        ),
+        signals=StepSignals(
+            align=Signal(value=a_t, source="direct" if d.mental_state is not None else "missing", confidence=1.0,
+                         detail="stated vs true mental state"),
+            reward=Signal(value=res.reward, source="direct", confidence=1.0, detail="Phi_{t+1} - Phi_t - c_t"),
+            penalty=Signal(value=res.penalty, source="direct", confidence=1.0, detail=",".join(res.penalty_reasons)),
+            q=q,
+            moods=moods,
+            phi=res.phi_after,
+            penalty_reasons=list(res.penalty_reasons),
+            q_features=res.q_features,
+            leaked=list(res.leaked),
+        ),
+        policy=info.model_copy(update={"tokens_in": d.tokens_in, "tokens_out": d.tokens_out, "latency_s": d.latency_s,
+                                       "prompt": _prompt(d)}),
+    )
+
+
+def _episode(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, policy_id: str, run_seed: int | None,
+             chain: dict | None = None) -> EpisodeRecord:
+    return EpisodeRecord(
+        episode_id=f"{job.spec.id}/{job.seed}/{policy_id}" + (f"/{job.tag}" if job.tag else ""),
+        scenario_id=job.spec.id,
+        tier=job.spec.tier,
+        seed=job.seed,
+        policy_id=policy_id,
+        steps=steps,
+        final=FinalState(
+            subgoals=w.subgoals(),
+            moods=w.moods(),
+            present=dict(w.pub.present),
+            phi_0=phi0,
+            phi_T=w.progress(),
+            steps=len(steps),
+            t_ref=job.spec.t_ref,
+            end_reason=w.pub.end_reason or "unknown",
+            commitments=[dataclasses.asdict(c) for c in w.pub.commitments],
+            leaks=w.pub.leaks,
+        ),
+        lineage=Lineage(
+            framework_version=__version__,
+            spec_hash=job.spec.content_hash,
+            world_snapshot_version=SNAPSHOT_VERSION,
+            templates=TEMPLATES,
+            run_seed=run_seed,
+            **({"chain": chain} if chain is not None else {}),
+        ),
+    )
+

@@ -1,0 +1,247 @@
+"""Every text template of the project, in one place, named and versioned.
+
+* ``NPC_REPLIES`` (``npc-replies-v1``): what NPCs say, realised with a per-NPC style opener.
+* ``CUES`` (``cues-v1``): mood cues the agent sees instead of moods.
+* ``AGENT_UTTERANCES`` (``agent-utterances-v1``): what the scripted policies say.
+* ``OBSERVATION_TEXT`` (``observation-text-v1``): the rendered observation.
+
+Templates are plain ``str.format`` strings; the engine decides *which* one, never the text.
+"""
+
+from __future__ import annotations
+
+NPC_REPLIES_VERSION = "npc-replies-v1"
+CUES_VERSION = "cues-v1"
+AGENT_UTTERANCES_VERSION = "agent-utterances-v1"
+OBSERVATION_TEXT_VERSION = "observation-text-v1"
+
+STYLE_OPENERS: dict[str, str] = {
+    "warm": "Oh, ",
+    "formal": "Well, ",
+    "blunt": "",
+    "shy": "Um... ",
+    "cheerful": "Ha, ",
+}
+
+NPC_REPLIES: dict[str, str] = {
+    "approach": "{open}nice of you to check in.",
+    "approach_again": "{open}yes, still here.",
+    "inquire_truth": "{open}for the {slot}, I'd really like {fav}.{vetoes}",
+    "inquire_vetoes": " I can't do {vetoes}.",
+    "inquire_vague": "{open}hard to say, I'm not sure about the {slot} yet.",
+    "inquire_repeat": "{open}I already told you about the {slot}.",
+    "confide": "{open}between us: {secret}",
+    "accept": "{open}{option} works for me.",
+    "reject_veto": "{open}{option} is out of the question for me.",
+    "reject_dislike": "{open}I'm not keen on {option}.",
+    "reject_dislike_fav": "{open}I'm not keen on {option}; I'd rather have {fav}.",
+    "reject_conflict": "{open}not until things with {other} are sorted out.",
+    "negotiate_accept": "{open}alright, with that, {option} works for me.",
+    "negotiate_reject": "{open}that's kind, but I'm still not keen on {option}.",
+    "negotiate_noted": "{open}noted.",
+    "promise_terms": " Deal, as long as I get {target} for the {target_slot}.",
+    "repair_ok": "{open}thanks, I appreciate that.",
+    "repair_wasted": "{open}there's nothing to apologise for.",
+    "repair_wrong_order": "{open}so you're taking {other}'s side before hearing me out?",
+    "finalize_ok": "{open}great, {option} it is.",
+    "finalize_refuse": "{open}wait, I never agreed to {option}.",
+    "broken_promise": "{open}you promised me {target} for the {target_slot}!",
+}
+
+CUES: dict[str, tuple[str, str, str]] = {
+    # style: (low, mid, high)
+    "warm": ("sounds hurt", "seems fine", "sounds delighted"),
+    "formal": ("is curt", "is composed", "is openly pleased"),
+    "blunt": ("sounds annoyed", "shrugs", "sounds upbeat"),
+    "shy": ("goes quiet", "nods along", "smiles"),
+    "cheerful": ("stopped joking", "is chatty", "is beaming"),
+}
+
+ANNOUNCEMENTS: dict[str, str] = {
+    "participant_leaves": "{name} has to leave and will not take part in the open decisions.",
+    "late_arrival": "{name} has just arrived and joins the open decisions.",
+    "preference_change": "{name} seems to be having second thoughts about the {slot}.",
+}
+
+AGENT_UTTERANCES: dict[str, str] = {
+    # expert-v1: polite, addressed, names the option, grounded where possible
+    "approach": "Hi {name}, how are you doing? I'd love to hear your thoughts.",
+    "inquire": "{name}, what would you prefer for the {slot}? Thanks for sharing.",
+    "propose": "How about {option} for the {slot}, {who}? Would that work for you?",
+    "propose_grounded": "{who}, I know you mentioned {ground}; how about {option} for the {slot}? Would that work?",
+    "negotiate": "{name}, could we go with {option} for the {slot} if {offer}? I'd appreciate it.",
+    "repair": "{name}, I'm sorry about earlier, and thank you for your patience.",
+    "finalize": "Thanks everyone, let's lock in {option} for the {slot}.",
+    "wait": "Let's give it a moment, thanks everyone.",
+    "end": "Thank you all, that's everything for today.",
+}
+
+RANDOM_UTTERANCES: tuple[str, ...] = (
+    "ok",
+    "Whatever, we just have to decide now.",
+    "{name}, you must accept {option} immediately.",
+    "Hello?",
+    "I think {option} is fine, maybe, I don't know, let's see what happens with everything and everyone.",
+    "{name}, please, what about the {slot}?",
+    "Fine, {option}. No choice.",
+    "Did you hear that {secret_hint}?",
+)
+
+OBSERVATION_TEXT = """\
+{name} ({tier}), turn {step}/{budget}, {left} turns left.
+Role: {role}
+Goal: {goal}
+{budget_line}People:
+{people}
+Decisions:
+{slots}
+{facts}{commitments}{conflicts}{announcements}{recent}Offers: {offers}
+Actions: approach(npc) inquire(npc, slot) propose(slot, option, npc|all) negotiate(npc, slot, option, offer) \
+repair(npc) wait() finalize(slot, option) end()"""
+
+# ---------------------------------------------------------------- language-model policy prompts
+
+POLICY_PROMPT_VERSION = "policy-v5"
+
+# policy-v2: the scenario's static brief moved into the system message (cacheable per
+# scenario); the user message holds only the state at this step. (policy-v1 had both in the
+# user message; retired before any adapter was trained on it.)
+# policy-v3: the user message also lists the agent's own last actions (``Observation.moves``).
+# Under policy-v2 consecutive prompts differed by little more than the turn number, and a
+# behaviour-cloned bundled model repeated one action for whole episodes (docs/design.md).
+# policy-v4: each open decision's line says what each of its stakeholders is known to want
+# (``wants: dev=hiking mia=? omar=vague2``, from the public fact log) instead of a flat
+# "Known:" list of the last eight preferences; vetoes and dislikes stay in "Known:". Under
+# policy-v3 a behaviour-cloned model kept asking the same person: whom it had not asked yet
+# was spread over the whole prompt.
+# policy-v5: a decision whose proposal every present stakeholder accepted says so ("everyone here
+# agrees": the moment to finalize, which a cloned model otherwise had to infer by comparing two
+# lists), and the system message states the reply format in one template line instead of a
+# worked example (about 70 fewer tokens in every prompt and training row; constrained decoding
+# enforces the format anyway). Under policy-v4 a cloned model kept re-proposing an accepted
+# option across a second tier's scenarios (docs/experiments/).
+_POLICY_SYSTEM_V2 = (
+    "You organise a group decision: ask people what they want, propose options they accept, "
+    "negotiate with those who refuse, finalize once all agree.\n"
+    "Reply in three lines: what the person who spoke last wants and how they feel, your action, "
+    "your words. For example:\n"
+    "BELIEF: ann venue=park mood=high\n"
+    "ACTION: propose(venue, park, all)\n"
+    "SAY: Ann and Bob, how about the park? Would that work for you?\n\n"
+    "{brief}"
+)
+_POLICY_SYSTEM_V5 = (
+    "You organise a group decision: ask people what they want, propose options they accept, negotiate with "
+    "those who refuse, finalize once all agree. Reply in three lines:\n"
+    "BELIEF: <person> <decision>=<option> mood=<low|mid|high>\nACTION: <action>\nSAY: <your words>\n\n"
+    "{brief}"
+)
+POLICY_SYSTEM: dict[str, str] = {"policy-v2": _POLICY_SYSTEM_V2, "policy-v3": _POLICY_SYSTEM_V2, "policy-v4": _POLICY_SYSTEM_V2,
+                                 "policy-v5": _POLICY_SYSTEM_V5}
+
+# fields: obs (the state, prompts.compact), moves (the agent's own last actions, or POLICY_NO_MOVES)
+POLICY_USER: dict[str, str] = {
+    "policy-v2": "{obs}",
+    "policy-v3": "{obs}\nYou did: {moves}",
+    "policy-v4": "{obs}\nYou did: {moves}",
+    "policy-v5": "{obs}\nYou did: {moves}",
+}
+POLICY_WANTS = {"policy-v2": False, "policy-v3": False, "policy-v4": True, "policy-v5": True}
+"""whether the version's state (prompts.compact) shows per-decision wants"""
+POLICY_AGREED = {"policy-v2": False, "policy-v3": False, "policy-v4": False, "policy-v5": True}
+"""whether the version's state says when every present stakeholder accepted a decision's proposal"""
+POLICY_ALL_AGREE = "everyone here agrees"
+POLICY_NO_MOVES = "nothing yet"
+
+# ---------------------------------------------------------------- theory-of-mind stories
+
+TOM_STORY_VERSION = "tom-story-v1"
+
+TOM_SENTENCES: dict[str, str] = {
+    "enter": "{agent} enters the {room}.",
+    "leave": "{agent} leaves the {room}.",
+    "place": "{agent} puts the {obj} in the {dest}.",
+    "move": "{agent} moves the {obj} to the {dest}.",
+}
+
+TOM_QUESTIONS: dict[str, str] = {
+    "reality": "Where is the {obj} really?",
+    "first_order": "Where will {a} look for the {obj}?",
+    "second_order": "Where does {a} think {b} will look for the {obj}?",
+}
+
+# world episodes as stories (the second source): who was there when each proposal was made
+WORLD_STORY_VERSION = "world-story-v1"
+WORLD_SENTENCES: dict[str, str] = {
+    "propose": "{agent} proposes the {dest} for the {obj}.",
+}
+WORLD_QUESTIONS: dict[str, str] = {
+    "reality": "Which {obj} was proposed last?",
+    "first_order": "Which {obj} does {a} think was proposed last?",
+    "second_order": "Which {obj} does {a} think {b} heard proposed last?",
+}
+WORLD_NOTHING = "nothing"
+WORLD_ORGANISER = "Organiser"
+
+TOM_PROMPT_VERSION = "tom-v1"
+
+TOM_QA_SYSTEM = ("Read the story and answer the question with one place from the story. "
+                 "People only know about moves they saw while they were in the room.")
+WORLD_QA_SYSTEM = ("Read the story and answer the question with one option from the story, or nothing. "
+                   "People only hear proposals made while they are in the room.")
+TOM_QA_USER = "Story:\n{story}\n{s3ap}Question: {question}\nAnswer with one of: {options}."
+TOM_QA_S3AP = "Structured state (S3AP: who observed what at each timestep):\n{s3ap}\n"
+
+TOM_PARSE_SYSTEM = (
+    "Turn the story into S3AP JSON: {\"version\": \"s3ap-v1\", \"scenario_id\": \"tom\", \"seed\": 0, "
+    "\"agents\": [names], \"timesteps\": [one per sentence: {\"timestep\": i, \"state\": the sentence, "
+    "\"observations\": {name: \"<same_as_state />\" for the actor, \"<same_as_last_action_ACTOR />\" for the others "
+    "in the room, \"none\" for those outside}, \"actions\": {actor: the sentence}}]}. Reply with the JSON only.")
+TOM_PARSE_RETRY = "That is not valid S3AP: {errors}\nReply with corrected JSON only."
+
+# ---------------------------------------------------------------- Foresee-and-Act world model
+
+FORESEE_PROMPT_VERSION = "foresee-v1"
+
+FORESEE_SYSTEM = (
+    "You predict how people react in a group decision. Given the state and the organiser's next "
+    "action, write one line per person present: their mood afterwards (low, mid, high) and their "
+    "stance afterwards on the decision the action is about (accepts, rejects, undecided; leaves if "
+    "they walk out). For example:\n"
+    "ann: mood=high stance=accepts\n"
+    "bob: mood=low stance=rejects\n\n"
+    "{brief}"
+)
+FORESEE_USER = "{obs}\nThe organiser now does: {action}\nPredict each person's reaction."
+
+# ---------------------------------------------------------------- episode-chain memory
+
+MEMORY_TEXT_VERSION = "memory-v1"
+MEMORY_HEADER = "From earlier meetings with the same people ({mode} memory):"
+MEMORY_FULL_EPISODE = "Meeting {n}:"
+MEMORY_SUMMARY_EPISODE = "Meeting {n}: {outcome}. Worked: {worked}."
+MEMORY_SUMMARY_NPC = "  {npc}: {known}{ending}"
+
+# ---------------------------------------------------------------- the optional LM judge (contract §3.5)
+
+JUDGE_PROMPT_VERSION = "judge-v1"
+JUDGE_DIMENSIONS: dict[str, str] = {
+    # SOTOPIA's goal completion and believability (Lifelong-SOTOPIA's GOAL and BEL), 0-10
+    "goal": "GOAL",
+    "believability": "BELIEVABILITY",
+}
+JUDGE_SYSTEM = (
+    "You rate an organiser who helps a group of people reach decisions together. Read the setting and "
+    "the conversation, then score the organiser from 0 to 10 on two dimensions:\n"
+    "GOAL: how fully the organiser reached its goal (decisions everyone accepts, people kept happy); "
+    "0 = nothing achieved, 10 = everything.\n"
+    "BELIEVABILITY: how natural, consistent and human-like the organiser's words and moves are; "
+    "0 = erratic or robotic, 10 = like a thoughtful person.\n"
+    "Reply with exactly two lines:\nGOAL: <0-10>\nBELIEVABILITY: <0-10>"
+)
+JUDGE_USER = (
+    "Setting: {setting}\nThe organiser's goal: {goal}\nPeople: {people}\nDecisions: {decisions}\n\n"
+    "Conversation:\n{transcript}\n\nScore the organiser."
+)
+JUDGE_TURN = "[{step}] organiser ({action}): {words}"
+JUDGE_REPLY = "[{step}] {speaker}: {text}"

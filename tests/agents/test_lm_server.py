@@ -1,0 +1,186 @@
+"""`socialworld serve` against the official openai client: every request answered, parameters
+honoured, concurrent requests batched, a client that goes away cancels its work."""
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from socialworld.agents.lm.server import Generated, HFGenerate, cut_at_stop, make_app  # noqa: E402
+from socialworld.agents.models import load_hf  # noqa: E402
+from socialworld.testing import serving  # noqa: E402
+
+MSG = [{"role": "user", "content": "Turn 1/7. Here: alice, ben"}]
+
+
+@pytest.fixture(scope="module")
+def tiny_app(tiny_dir):
+    model, tok = load_hf(tiny_dir, dtype="float32")
+    gen = HFGenerate(model, tok)
+    return gen, make_app(gen, "tiny", max_new_tokens=12, max_context=4096)
+
+
+@pytest.fixture(scope="module")
+def url(tiny_app):
+    with serving(tiny_app[1]) as u:
+        yield u
+
+
+@pytest.fixture
+def client(url):
+    return openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=30)
+
+
+def _post(url, body: bytes | dict, path="/chat/completions"):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+BAD = {
+    "no messages": {"model": "tiny", "messages": []},
+    "messages not a list": {"model": "tiny", "messages": "hi"},
+    "a message without content": {"model": "tiny", "messages": [{"role": "user"}]},
+    "an image part": {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+    "max_tokens -1": {"model": "tiny", "messages": MSG, "max_tokens": -1},
+    "max_tokens abc": {"model": "tiny", "messages": MSG, "max_tokens": "abc"},
+    "max_completion_tokens 0": {"model": "tiny", "messages": MSG, "max_completion_tokens": 0},
+    "temperature 3": {"model": "tiny", "messages": MSG, "temperature": 3},
+    "n 2": {"model": "tiny", "messages": MSG, "n": 2},
+    "stream": {"model": "tiny", "messages": MSG, "stream": True},
+    "json schema": {"model": "tiny", "messages": MSG, "response_format": {"type": "json_schema", "json_schema": {}}},
+    "five stops": {"model": "tiny", "messages": MSG, "stop": ["a", "b", "c", "d", "e"]},
+    "an unknown field": {"model": "tiny", "messages": MSG, "best_of": 3},
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_requests_get_a_400_with_a_message(url, case):
+    code, body = _post(url, BAD[case])
+    assert code == 400 and body["error"]["message"].startswith("bad request"), body
+
+
+def test_every_other_failure_is_answered_too(url, client):
+    assert _post(url, b"{not json")[0] == 400
+    assert _post(url, {"model": "nope", "messages": MSG}) == (404, _post(url, {"model": "nope", "messages": MSG})[1])
+    assert _post(url, {"model": "nope", "messages": MSG})[1]["error"]["code"] == "model_not_found"
+    assert _post(url, {}, path="/nowhere")[0] == 404
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-x", messages=MSG)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=MSG, max_tokens=-1)
+    assert client.models.retrieve("tiny").id == "tiny" and [m.id for m in client.models.list()] == ["tiny"]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
+
+
+def test_a_decoding_error_is_a_500_not_a_dropped_connection(tiny_dir):
+    class Broken:
+        def prompt(self, messages):
+            return "x"
+
+        def count(self, text):
+            return 1
+
+        def __call__(self, jobs, should_stop):
+            raise RuntimeError("out of memory")
+
+    with serving(make_app(Broken(), "tiny")) as u:
+        code, body = _post(u, {"model": "tiny", "messages": MSG})
+    assert code == 500 and "out of memory" in body["error"]["message"]
+
+
+def test_parameters_are_honoured(client, tiny_app):
+    gen, _ = tiny_app
+    parts = [{"type": "text", "text": "Turn 1/7. "}, {"type": "text", "text": "Here: alice, ben"}]
+    greedy = client.chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=10)
+    assert client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}], temperature=0,
+                                          max_tokens=10).choices[0].message.content == greedy.choices[0].message.content
+    local = gen([_job(gen, 10)], lambda: False)[0]
+    assert greedy.choices[0].message.content == local.text and greedy.usage.completion_tokens == local.tokens_out
+    short = client.chat.completions.create(model="tiny", messages=MSG, temperature=0, max_completion_tokens=3)
+    assert short.usage.completion_tokens <= 3 and greedy.choices[0].message.content.startswith(short.choices[0].message.content)
+    text = greedy.choices[0].message.content
+    stop = text[len(text) // 2 :][:2]
+    stopped = client.chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=10, stop=[stop])
+    assert stopped.choices[0].message.content == cut_at_stop(text, [stop])[0] and stopped.choices[0].finish_reason == "stop"
+    sampled = [client.chat.completions.create(model="tiny", messages=MSG, temperature=1.0, seed=s, max_tokens=10)
+               .choices[0].message.content for s in (1, 1, 2, 3, 4)]
+    assert sampled[0] == sampled[1] and len(set(sampled)) > 1  # a seed fixes the sample; seeds differ
+
+
+def _job(gen, n):
+    from socialworld.agents.lm.server import Job, Sampling
+
+    return Job(gen.prompt(MSG), n, (), Sampling(0.0, 1.0, None))
+
+
+def test_concurrent_clients_are_batched(url, client, tiny_app):
+    _, app = tiny_app
+    before = app.state.batcher.stats.batches
+    results: list = [None] * 8
+    clients = [openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60) for _ in range(8)]
+    together = threading.Barrier(8)
+
+    def ask(i):
+        together.wait()  # the eight requests leave together
+        results[i] = clients[i].chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"Turn {i}/7."}],
+                                               temperature=0, max_tokens=8)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert all(r is not None and r.choices[0].message.content is not None for r in results)
+    assert app.state.batcher.stats.largest_batch > 1 and app.state.batcher.stats.batches - before < 8
+
+
+class Slow:
+    """A decoder that takes 20 ms per token and stops when told (records what it was asked)."""
+
+    def __init__(self):
+        self.decoded: list[int] = []
+
+    def prompt(self, messages):
+        return messages[-1]["content"]
+
+    def count(self, text):
+        return 1
+
+    def __call__(self, jobs, should_stop):
+        n = 0
+        while n < max(j.max_tokens for j in jobs) and not should_stop():
+            time.sleep(0.02)
+            n += 1
+        self.decoded.append(n)
+        return [Generated("x" * n, 1, n, "length") for _ in jobs]
+
+
+def test_a_client_that_goes_away_cancels_its_work():
+    slow = Slow()
+    app = make_app(slow, "slow")
+    with serving(app) as u:
+        host, port = u.removeprefix("http://").removesuffix("/v1").split(":")
+        body = json.dumps({"model": "slow", "messages": MSG, "max_tokens": 500}).encode()  # 10 s of decoding
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(0.5)  # decoding has begun
+        t0 = time.monotonic()
+        code, reply = _post(u, {"model": "slow", "messages": MSG, "max_tokens": 5})
+        assert code == 200 and reply["usage"]["completion_tokens"] == 5
+        assert time.monotonic() - t0 < 5  # the abandoned request did not hold the decoder for its 10 s
+    assert app.state.batcher.stats.cancelled == 1 and slow.decoded[0] < 500

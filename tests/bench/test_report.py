@@ -1,0 +1,137 @@
+"""Bench document and reports from scripted arms (fast), and the HTML page in real headless Chromium."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from socialworld.agents.registry import make_policy
+from socialworld.bench.config import BenchConfig
+from socialworld.bench.protocol import bench_document
+from socialworld.bench.report import markdown, write_reports
+from socialworld.learn.loop import CycleSummary
+from socialworld.records import Message, PromptRec, atomic_write_text
+from socialworld.rollout.evaluate import episode_seeds
+from socialworld.rollout.runner import EpisodeJob, run_episodes
+from socialworld.rundir import RunDir
+from socialworld.world.spec import resolve_scenarios
+
+TIERS = {1: ["L0"], 2: ["L0", "L1"]}
+SCENARIOS = ["team_lunch", "book_club"]
+
+
+def _eps(policy):
+    jobs = [EpisodeJob(s, seed) for s in resolve_scenarios(SCENARIOS, ["L0", "L1"]) for seed in episode_seeds(3, s.id, 3)]
+    return run_episodes(make_policy(policy, seed=2), jobs)
+
+
+def _with_prompts(eps):
+    """Arm B as a language model would be recorded: each step keeps the prompt it was given."""
+    def one(ep):
+        steps = [s.model_copy(update={"policy": s.policy.model_copy(update={"prompt": PromptRec(version="policy-test", messages=[
+            Message(role="system", content=f"SYSTEM for {ep.scenario_id}"),
+            Message(role="user", content=f"USER turn {s.setting.step + 1} <b>literal</b>")]), "tokens_in": 40 + s.setting.step})})
+            for s in ep.steps]
+        return ep.model_copy(update={"steps": steps})
+    return [one(e) for e in eps]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    eps = {"A": _eps("random"), "B": _with_prompts(_eps("expert")), "C": _eps("oracle")}
+    per_cycle = {arm: {c: [e for e in es if e.tier in t] for c, t in TIERS.items()} for arm, es in eps.items()}
+    cfg = BenchConfig(out=str(tmp_path_factory.mktemp("bench")), preset="smoke", resamples=2000)
+    loop = [CycleSummary(cycle=c, tiers=t, pairs={"action": 3}, excluded={"action:below_margin": 2}, final_loss={"action": 0.6},
+                         eval={"pass_rate": 0.5, "solve_rate": 0.25, "D": 0.5}, by_tier={}) for c, t in TIERS.items()]
+    doc = bench_document(cfg, TIERS, per_cycle, loop)
+    run = RunDir(cfg.out)
+    run.produce("bench.json", "bench", lambda p: atomic_write_text(p, json.dumps(doc)))
+    write_reports(run, doc, per_cycle)
+    return cfg, doc, per_cycle
+
+
+def test_document_numbers_come_from_the_records(bench):
+    _cfg, doc, per_cycle = bench
+    assert set(doc["main"]) == {"A", "B", "C"}
+    assert doc["main"]["A"]["pass"]["mean"] == 0.0  # random never passes
+    b_a = doc["paired"]["B-A"]["pass"]
+    assert b_a["mean"] == pytest.approx(doc["main"]["B"]["pass"]["mean"]) and b_a["lo"] > 0
+    assert doc["ratios"]["B/A"]["pass"] is None  # A's pass rate is 0: no ratio, not a made-up number
+    assert set(doc["R"]["B"]["2"]) == {"L0", "L1"} and set(doc["R"]["B"]["1"]) == {"L0"}
+    assert set(doc["forgetting"]["B"]) == {"L0"}
+    assert doc["unlock_cycles"] == {"L0": 1, "L1": 2}
+    assert doc["episodes_per_arm"]["A"] == sum(len(v) for v in per_cycle["A"].values())
+    md = markdown(doc)
+    for title in ("Main table", "Hierarchical", "Forgetting", "Closed loop", "Diagnostics"):
+        assert f"## {title}" in md
+
+
+def test_html_report_renders_in_headless_chromium(bench):
+    cfg, doc, per_cycle = bench
+    browser_path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser_path is None or pytest.importorskip("playwright") is None:
+        if os.environ.get("SOCIALWORLD_REQUIRE_BROWSER"):
+            pytest.fail("SOCIALWORLD_REQUIRE_BROWSER is set but chromium/playwright is missing")
+        pytest.skip("no chromium on this machine (CI installs Debian's chromium)")
+    from playwright.sync_api import sync_playwright
+
+    page_path = os.path.join(cfg.out, "report.html")
+    n_eps = sum(len(v) for cyc in per_cycle.values() for v in cyc.values())
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto("file://" + os.path.abspath(page_path))
+        assert errors == []
+        assert page.locator("table.main tbody tr").count() >= 3
+        assert page.locator("table.r tbody tr").count() == 3 * 2
+        assert page.locator("img").count() == 3
+        assert all(page.locator("img").nth(i).evaluate("i => i.naturalWidth > 0") for i in range(3))
+        assert page.locator("#episode option").count() == n_eps
+        first_obs = page.locator("#obs").inner_text()
+        assert "Turn 1/" in first_obs or first_obs.strip()
+        assert page.locator("#sig tr").count() > 4  # header + align, reward, penalty, q, moods
+        page.click("#next")
+        assert page.locator("#stepno").inner_text().startswith("step 2")
+        assert page.locator("#obs").inner_text() != first_obs
+        page.select_option("#episode", str(n_eps - 1))
+        assert page.locator("#meta").inner_text().startswith("C · cycle 2")
+        assert "scripted policy" in page.locator("#prompt").inner_text()
+        # the page fits 1200 px: nothing wider than the viewport, figures drawn for the page
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1200
+        assert all(page.locator("img").nth(i).evaluate("i => i.naturalWidth <= 1200") for i in range(3))
+        # filters: arm B's failed episodes
+        page.select_option("#f-arm", "B")
+        page.select_option("#f-outcome", "fail")
+        b_fail = [e for eps in per_cycle["B"].values() for e in eps if not e.metrics.passed]
+        assert page.locator("#episode option").count() == len(b_fail)
+        assert page.locator("#count").inner_text() == f"{len(b_fail)} of {n_eps} episodes"
+        # the prompt B's model received, literally (the shared system message resolved)
+        page.select_option("#f-outcome", "")
+        page.select_option("#episode", index=0)
+        prompt = page.locator("#prompt").inner_text()
+        assert "SYSTEM for" in prompt and "USER turn 1 <b>literal</b>" in prompt and "policy-test · 40 tokens" in prompt
+        # a table row links to its episodes: R's first row is arm A, cycle 1
+        page.locator("table.r tbody tr").first.locator("a").click()
+        page.wait_for_function("document.getElementById('f-arm').value === 'A'")
+        assert page.locator("#f-cycle").input_value() == "1" and page.locator("#f-outcome").input_value() == ""
+        assert page.locator("#episode option").count() == len(per_cycle["A"][1])
+        # A, B and C on the same (cycle, scenario, seed), step by step
+        first = per_cycle["A"][1][0]
+        same = [arm for arm in per_cycle for e in per_cycle[arm][1] if (e.scenario_id, e.seed) == (first.scenario_id, first.seed)]
+        heads = page.locator("table.compare th").all_inner_texts()
+        assert [h.split(" ·")[0] for h in heads[1:]] == same == ["A", "B", "C"]
+        longest = max(len(e.steps) for arm in per_cycle for e in per_cycle[arm][1] if (e.scenario_id, e.seed) == (first.scenario_id, first.seed))
+        assert page.locator("table.compare tr[data-step]").count() == longest
+        assert first.steps[0].action.executed in page.locator("table.compare tr[data-step]").first.inner_text()
+        page.locator("table.compare tr[data-step]").nth(2).click()
+        assert page.locator("#stepno").inner_text().startswith("step 3")
+        page.locator("table.compare th a").nth(1).click()  # B's column header opens B's episode
+        assert page.locator("#meta").inner_text().startswith(f"B · cycle 1 · {first.scenario_id}")
+        assert errors == []
+        shot = page.screenshot(full_page=True)
+        browser.close()
+    assert len(shot) > 20_000 and errors == []

