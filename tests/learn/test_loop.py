@@ -259,6 +259,9 @@ def test_loop_on_a_user_scenario_file(tiny_dir, tmp_path, my_lunch):
     run = tmp_path / "run"
     mine = load_spec(my_lunch)
     cfg = replace(_cfg(tiny_dir, run), cycles=1, scenarios=(str(my_lunch),))
+    # pairs from the expert's reference episode too: the world alone decides them, where the random
+    # model's wake may give no step the rollouts can improve (it gave none on one CI machine's CPU)
+    cfg = replace(cfg, sleep=replace(cfg.sleep, reference_pairs="own"))
     full = run_loop(cfg, log=lambda _: None)
     for rel in ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycle-1/eval/episodes.jsonl"):
         eps = read_jsonl(run / rel)
@@ -269,7 +272,7 @@ def test_loop_on_a_user_scenario_file(tiny_dir, tmp_path, my_lunch):
     stored = yaml.safe_load((run / "config.yaml").read_text())
     assert stored["scenarios"] == ["my_lunch-v1"] and stored["user_scenarios"] == {"my_lunch-v1": mine.content_hash}
     pairs = read_pairs(run / "cycle-1/sleep/pairs-action.parquet")
-    assert pairs and {p.scenario_id for p in pairs} == {"my_lunch-v1"}
+    assert {p.scenario_id for p in pairs} == {"my_lunch-v1"} and any(p.chosen_by == "reference" for p in pairs)
 
     # the file moves away: resume by id, re-gate and fit with the run's own copy
     text = my_lunch.read_text()
