@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from socialworld.rundir import RunDir
+from socialworld.rundir import RunDir, cycle_files, cycle_number, loop_cycles
 
 
 def test_produce_commit_and_resume(tmp_path):
@@ -182,3 +182,14 @@ def test_a_manifest_from_before_input_hashes_still_passes_a_rebuild_on(tmp_path)
     (tmp_path / "w.txt").write_text("damaged")
     assert run.produce("w.txt", "wake", lambda p: p.write_text("two"))
     assert run.stale_inputs("s.txt") == ["w.txt"] and not run.complete("s.txt")
+
+
+def test_the_cycle_folders_of_a_loop_run_are_read_by_the_names_cycle_files_writes(tmp_path):
+    for c in (10, 2, 0):
+        (tmp_path / cycle_files(c).root).mkdir()
+    (tmp_path / "cycle-x").mkdir()
+    (tmp_path / "cycle-3").write_text("a file, not a cycle folder")
+    assert loop_cycles(tmp_path) == [0, 2, 10]  # numeric order, not the names'
+    assert [cycle_number(tmp_path / cycle_files(c).root) for c in (0, 10)] == [0, 10]
+    assert cycle_number(tmp_path / "cycle-x") is None and cycle_number("loop") is None
+    assert loop_cycles(tmp_path / "absent") == []

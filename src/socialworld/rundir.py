@@ -222,8 +222,7 @@ class RunDir:
 @dataclass(frozen=True)
 class CycleFiles:
     """Where a loop run keeps cycle ``c``'s artifacts, relative to the run folder: the paths the
-    loop writes and the bench and ``gate`` read. (:func:`socialworld.agents.models.find_adapters`
-    still finds a run's adapters by globbing ``cycle-*/train/*/adapter``.)"""
+    loop writes and the bench, ``gate`` and :func:`socialworld.agents.models.find_adapters` read."""
 
     c: int
 
@@ -275,3 +274,22 @@ class CycleFiles:
 def cycle_files(c: int) -> CycleFiles:
     """The paths of cycle ``c`` in a loop run folder."""
     return CycleFiles(c)
+
+
+BENCH_LOOP = "loop"
+"""the loop run's folder inside a bench run folder"""
+_CYCLE = re.compile(r"cycle-(\d+)")
+
+
+def cycle_number(folder: str | Path) -> int | None:
+    """``c`` when ``folder`` is named as cycle ``c``'s folder (:attr:`CycleFiles.root`), else None."""
+    m = _CYCLE.fullmatch(Path(folder).name)
+    return int(m.group(1)) if m else None
+
+
+def loop_cycles(run_dir: str | Path) -> list[int]:
+    """The cycles whose folders a loop run folder holds, in order (none for any other folder)."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        return []
+    return sorted(c for d in root.iterdir() if d.is_dir() and (c := cycle_number(d)) is not None)

@@ -19,16 +19,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from socialworld.records import shareable
+from socialworld.rundir import BENCH_LOOP, cycle_files, cycle_number, loop_cycles
+
 SCRIPTED = ("random", "expert", "oracle")
 """The scripted policies' names; any other spec string names a language model."""
-from socialworld.records import shareable
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
@@ -86,7 +87,6 @@ def parse_model_spec(spec: str) -> ModelSpec:
 
 TRACKS: tuple[Literal["action", "dialogue"], ...] = ("action", "dialogue")
 """the trained tracks: the action adapter writes the BELIEF and ACTION lines, the dialogue one the words"""
-_CYCLE = re.compile(r"cycle-(\d+)")
 
 
 def _is_adapter(folder: Path) -> bool:
@@ -94,8 +94,8 @@ def _is_adapter(folder: Path) -> bool:
 
 
 def _holds_adapters(folder: Path) -> bool:
-    return _is_adapter(folder) or any(folder.glob("train/*/adapter")) or any(folder.glob("cycle-*/train")) \
-        or any(folder.glob("loop/cycle-*/train"))
+    return _is_adapter(folder) or any(folder.glob("train/*/adapter")) or any(
+        (run / cycle_files(c).root / "train").is_dir() for run in (folder, folder / BENCH_LOOP) for c in loop_cycles(run))
 
 
 def find_adapters(folder: str | Path) -> dict[str, Path]:
@@ -112,19 +112,19 @@ def find_adapters(folder: str | Path) -> dict[str, Path]:
     if _is_adapter(path):
         track = path.parent.name if path.name == "adapter" and path.parent.name in TRACKS else None
         return {track: path} if track else {t: path for t in TRACKS}
-    root, last = path, None
-    if (path / "loop").is_dir() and not any(path.glob("cycle-*")):
-        root = path / "loop"
-    elif m := _CYCLE.fullmatch(path.name):
-        root, last = path.parent, int(m.group(1))
-    cycles = sorted((int(m.group(1)), d) for d in root.glob("cycle-*") if (m := _CYCLE.fullmatch(d.name)) and d.is_dir())
+    root, last = path, cycle_number(path)
+    if last is not None:
+        root = path.parent
+    elif (path / BENCH_LOOP).is_dir() and not loop_cycles(path):
+        root = path / BENCH_LOOP
     found: dict[str, Path] = {}
-    for c, d in cycles:
+    for c in loop_cycles(root):
         if last is not None and c > last:
             continue
-        if _is_adapter(d / "train" / "merged" / "adapter"):
-            found = {t: d / "train" / "merged" / "adapter" for t in TRACKS}
-        found.update({t: d / "train" / t / "adapter" for t in TRACKS if _is_adapter(d / "train" / t / "adapter")})
+        d = cycle_files(c)
+        if _is_adapter(merged := root / d.adapter("merged")):
+            found = {t: merged for t in TRACKS}
+        found.update({t: root / d.adapter(t) for t in TRACKS if _is_adapter(root / d.adapter(t))})
     if not found:
         raise ValueError(f"no trained adapters in {path}: give an adapter folder (with adapter_config.json), "
                          "a loop cycle folder (cycle-<c>), a loop run or a bench run")

@@ -12,6 +12,7 @@ from socialworld.config import at_least, one_of
 from socialworld.learn.config import LoopConfig, SleepConfig, TrainConfig
 from socialworld.metrics.lifelong import TIERS
 from socialworld.rollout.config import RAY_HELP, check_judge, check_ray
+from socialworld.rundir import BENCH_LOOP
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -111,7 +112,7 @@ class BenchConfig:
 
     def loop_config(self, **over) -> LoopConfig:
         p = PRESETS[self.preset]
-        base = LoopConfig(out=str(Path(self.out) / "loop"), model=self.model, cycles=self.cycles, tiers=TIERS,
+        base = LoopConfig(out=str(Path(self.out) / BENCH_LOOP), model=self.model, cycles=self.cycles, tiers=TIERS,
                           train_episodes=p.train_episodes, reference_episodes=p.reference_episodes,
                           eval_episodes=p.eval_episodes, seed=self.seed,
                           lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock,

@@ -39,7 +39,7 @@ from socialworld.rollout.evaluate import episode_seeds, first_endpoint_error
 from socialworld.rollout.judge import checked_judgement, judge_episodes, read_judged, summarise, write_judged
 from socialworld.rollout.runner import EpisodeJob
 from socialworld.rollout.scale import pmap, ray_init, rollouts
-from socialworld.rundir import RunDir, cycle_files
+from socialworld.rundir import BENCH_LOOP, RunDir, cycle_files
 from socialworld.world.spec import RunScenarios, capped, run_scenarios
 
 BENCH_VERSION = "ascent-bench-v1"
@@ -63,7 +63,7 @@ def recorded(cfg: BenchConfig, scenarios: RunScenarios) -> BenchConfig:
 def eval_jobs(cfg: BenchConfig, scenarios: RunScenarios | None = None) -> list[EpisodeJob]:
     """Every evaluation episode any cycle may run: the same seeds for every arm."""
     p = PRESETS[cfg.preset]
-    specs = [capped(s, p.max_turns) for s in (scenarios or bench_scenarios(cfg, Path(cfg.out) / "loop")).specs]
+    specs = [capped(s, p.max_turns) for s in (scenarios or bench_scenarios(cfg, Path(cfg.out) / BENCH_LOOP)).specs]
     return [EpisodeJob(s, seed) for s in specs for seed in episode_seeds(cfg.seed, s.id, p.eval_episodes)]
 
 
@@ -88,7 +88,7 @@ def _subset(eps: Sequence[EpisodeRecord], tiers: Sequence[str]) -> list[EpisodeR
 
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> BenchResult:
-    loop_dir = Path(cfg.out) / "loop"
+    loop_dir = Path(cfg.out) / BENCH_LOOP
     scenarios = bench_scenarios(cfg, loop_dir)  # checked before the run folder is made
     if cfg.ray:
         ray_init(cfg.ray)  # a wrong address fails here, not after the first cycles
@@ -193,7 +193,7 @@ def phase_seconds(out: str | Path) -> list[tuple[str, float]]:
     """Wall seconds of each artifact a bench made (its loop's first, in the order they were
     made; resumed runs list what this and earlier invocations made), from the ``timings.json``
     side files of :class:`~socialworld.rundir.RunDir`."""
-    return [(f"loop/{k}", v) for k, v in RunDir(Path(out) / "loop").timings().items()] + list(RunDir(out).timings().items())
+    return [(f"{BENCH_LOOP}/{k}", v) for k, v in RunDir(Path(out) / BENCH_LOOP).timings().items()] + list(RunDir(out).timings().items())
 
 
 def _ratio(b: float, a: float) -> float | None:
