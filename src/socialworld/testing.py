@@ -118,34 +118,42 @@ CHATML = (
 )
 
 
+def tiny_corpus() -> list[str]:
+    """The text :func:`tiny_lm`'s tokenizer is trained on: every template string and the shipped
+    scenarios. Only the templates' own names: a module's ``__file__`` would make the tokenizer,
+    and so every tiny model's output, depend on where the repository is checked out."""
+    from socialworld.text import templates
+    from socialworld.world.spec import load_builtin_scenarios
+
+    corpus = [t for k, t in vars(templates).items() if isinstance(t, str) and not k.startswith("__")]
+    corpus += [str(v) for d in (templates.NPC_REPLIES, templates.AGENT_UTTERANCES, templates.POLICY_SYSTEM) for v in d.values()]
+    return corpus + [s.model_dump_json() for s in load_builtin_scenarios().values()]
+
+
 def tiny_lm(folder, seed: int = 0, vocab_size: int = 600):
     """Build and save a tiny random causal LM with an in-process byte-level BPE tokenizer
     (trained on the project's own scenario and template text, ChatML chat template) into
-    ``folder``; returns the folder. Never downloads anything. Sets torch's seed for init."""
+    ``folder``; returns the folder. Never downloads anything. The same ``seed`` gives the same model
+    wherever the repository lies; torch's global generator is left as it was."""
     from pathlib import Path
 
     import torch
     from tokenizers import ByteLevelBPETokenizer
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from socialworld.text import templates
-    from socialworld.world.spec import load_builtin_scenarios
-
     folder = Path(folder)
-    corpus = [t for t in vars(templates).values() if isinstance(t, str)]
-    corpus += [str(v) for d in (templates.NPC_REPLIES, templates.AGENT_UTTERANCES, templates.POLICY_SYSTEM) for v in d.values()]
-    corpus += [s.model_dump_json() for s in load_builtin_scenarios().values()]
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(corpus, vocab_size=vocab_size, min_frequency=1,
+    bpe.train_from_iterator(tiny_corpus(), vocab_size=vocab_size, min_frequency=1,
                             special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                   pad_token="<|endoftext|>", unk_token="<|endoftext|>")
     tok.chat_template = CHATML
-    torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model = LlamaForCausalLM(cfg)
+    with torch.random.fork_rng(devices=[]):  # the init draws from torch's global generator: seed it, then give it back
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
