@@ -405,6 +405,19 @@ def _with_bars(call):
             fail(str(err))
 
 
+def _with_policy(cfg, adapters: str, study):
+    """``study(cfg, progress=...)`` under :func:`_with_bars`, with ``--adapters`` folded into
+    ``cfg.policy`` (a bad spec is one line) and the log beside ``cfg.out``."""
+    from dataclasses import replace
+
+    def run(progress):
+        c = replace(cfg, policy=_policy_spec(cfg.policy, adapters))
+        _run_log(c.out)
+        return study(c, progress=progress)
+
+    return _with_bars(run)
+
+
 def _run_bench(cfg, suite: str = "main") -> None:
     """ASCENT-Bench: arms A (untrained), B (closed loop), C (proxy or expert), oracle and random
     through the lifelong protocol; writes bench.json, report.md and report.html to --out.
@@ -489,16 +502,9 @@ def _run_foresee(cfg, adapters: str = "") -> None:
     """Foresee-and-Act vs the plain policy on the same episodes: per-metric means and the paired
     difference with 95% bootstrap intervals, and how often the draft was refined; writes
     plain/ and foresee/ episodes and foresee.json to --out."""
-    from dataclasses import replace
-
     from socialworld.swm.foresee import evaluate_foresee
 
-    def run(progress):
-        c = replace(cfg, policy=_policy_spec(cfg.policy, adapters))
-        _run_log(c.out)
-        return evaluate_foresee(c, progress=progress)
-
-    doc = _with_bars(run)
+    doc = _with_policy(cfg, adapters, evaluate_foresee)
     fmt = lambda iv: f"{iv.mean:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]"  # noqa: E731
     t = Table(title=escape(f"{doc.policy}: plain vs Foresee-and-Act [{doc.world_model}], {doc.episodes} episodes, "
                            f"{doc.metrics_contract}"))
@@ -521,16 +527,9 @@ def _run_chain(cfg, adapters: str = "") -> None:
     per memory mode (none, full, summary) and chain position, pass rate, CR and A_e with 95%
     intervals, the paired difference from no memory, and prompt growth; writes <mode>/episodes.jsonl
     and chain.json to --out."""
-    from dataclasses import replace
-
     from socialworld.swm.chain import run_chains
 
-    def run(progress):
-        c = replace(cfg, policy=_policy_spec(cfg.policy, adapters))
-        _run_log(c.out)
-        return run_chains(c, progress=progress)
-
-    doc = _with_bars(run)
+    doc = _with_policy(cfg, adapters, run_chains)
     fmt = lambda iv: f"{iv.mean:.2f} [{iv.lo:.2f}, {iv.hi:.2f}]"  # noqa: E731
     t = Table(title=escape(f"{doc.policy}: {doc.chains} chains of {cfg.length}, {doc.metrics_contract}"))
     for c in ("memory", "position", "pass", "solve", "CR", "A_e", "CR vs none", "prompt tokens/step", "memory chars/step"):
