@@ -14,6 +14,11 @@ Run: ``python benchmarks/learning_speed.py`` (about 3 minutes on 2 cores); ``--s
   evaluation seed of every scenario for ``--turns`` lockstep turns, batch = every episode;
   seconds per decision = wall / decisions. Achieved throughput = (prompt + completion tokens)
   / wall: decoding is bound by prefilling the prompts.
+* values (the ``values`` preset's sleep, ``bench.VALUES_SLEEP``): the value of every scored
+  candidate at the same reference states, each the mean of its rollouts in imagined worlds;
+  counterfactual evaluations per second = continuations rolled out / wall.
+* listwise (``bench.VALUES_TRAIN``): seconds per training step of the listwise objective on those
+  pairs, and rows per minute of both trainers (rows = steps x batch).
 * raw: one batched forward pass (no generation) over the same episodes' first prompts,
   tokens/s = non-padding tokens / seconds; ratio = achieved / raw.
 """
@@ -31,7 +36,7 @@ from pathlib import Path
 from socialworld.agents.lm.prompts import build_messages
 from socialworld.agents.models import auto_dtype, bundled_path, load_hf
 from socialworld.agents.registry import make_lm_policy, make_policy
-from socialworld.bench.config import RECIPE_SLEEP, RECIPE_TRAIN
+from socialworld.bench.config import RECIPE_SLEEP, RECIPE_TRAIN, VALUES_SLEEP, VALUES_TRAIN
 from socialworld.learn.loop import train_seeds
 from socialworld.learn.sleep import GatingReport, reference_pairs
 from socialworld.learn.train import compute_dtype, train_adapter
@@ -82,6 +87,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         res = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(RECIPE_TRAIN, steps=args.steps, max_epochs=0), pairs=pairs)
 
+    # the value recipe: every candidate's value at the same states, then the listwise objective on them
+    t0 = time.perf_counter()
+    valued = [p for e in refs for p in reference_pairs(specs[e.scenario_id], e, VALUES_SLEEP, GatingReport())]
+    values_wall = time.perf_counter() - t0
+    continuations = sum(len(p.candidates or ()) for p in valued) * VALUES_SLEEP.rollouts
+    with tempfile.TemporaryDirectory() as tmp:
+        lw = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(VALUES_TRAIN, steps=args.steps, max_epochs=0), pairs=valued)
+
     # decisions: every scenario's first evaluation seed, in one lockstep batch
     jobs = [EpisodeJob(capped(s, args.turns), episode_seeds(0, s.id, 1)[0]) for s in specs.values()]
     policy = make_lm_policy("bundled", batch_size=args.lm_batch)
@@ -110,6 +123,12 @@ def main() -> None:
                   "seconds_per_step": res.train_seconds / res.steps,
                   "tokens_per_row": sum(row_tokens) / len(row_tokens),
                   "completion_tokens_per_row": sum(completion_tokens) / len(completion_tokens)},
+        "values": {"rollouts": VALUES_SLEEP.rollouts, "horizon": VALUES_SLEEP.horizon, "states": len(valued),
+                   "candidates_per_state": continuations / VALUES_SLEEP.rollouts / max(1, len(valued)),
+                   "continuations_per_s": continuations / values_wall, "seconds_per_state": values_wall / max(1, len(valued))},
+        "listwise": {"steps": lw.steps, "seconds_per_step": lw.train_seconds / lw.steps,
+                     "rows_per_minute": 60 * lw.steps * VALUES_TRAIN.batch_size / lw.train_seconds,
+                     "sft_rows_per_minute": 60 * res.steps * RECIPE_TRAIN.batch_size / res.train_seconds},
         "decode": {"dtype": auto_dtype(), "episodes": len(eps), "decisions": len(steps), "lm_batch": args.lm_batch,
                    "seconds_per_decision": wall / len(steps), "prompt_tokens_per_decision": prompt / len(steps),
                    "achieved_tokens_per_s": processed / wall, "raw_forward_tokens_per_s": raw,
@@ -120,6 +139,10 @@ def main() -> None:
     print(f"training ({t['dtype']}, batch {RECIPE_TRAIN.batch_size}, LoRA on the upper {RECIPE_TRAIN.lora_upper:.0%} of layers): "
           f"{t['seconds_per_step']:.2f} s/step over {t['steps']} steps; {t['tokens_per_row']:.0f} tokens per row "
           f"({t['completion_tokens_per_row']:.0f} of them completion)")
+    v, lw_ = out["values"], out["listwise"]
+    print(f"values (M={v['rollouts']} imagined continuations of {v['horizon']} steps): {v['continuations_per_s']:.0f} "
+          f"counterfactual evaluations/s, {v['candidates_per_state']:.1f} candidates and {v['seconds_per_state']:.2f} s per state")
+    print(f"listwise: {lw_['seconds_per_step']:.2f} s/step; rows per minute {lw_['rows_per_minute']:.1f} (sft {lw_['sft_rows_per_minute']:.1f})")
     print(f"decoding ({d['dtype']}, batch {d['lm_batch']}): {d['seconds_per_decision']:.3f} s/decision over {d['decisions']} "
           f"decisions; {d['prompt_tokens_per_decision']:.0f} prompt tokens per decision")
     print(f"throughput: achieved {d['achieved_tokens_per_s']:.0f} tok/s, raw batched forward {d['raw_forward_tokens_per_s']:.0f} tok/s "

@@ -5,8 +5,9 @@ policy (canonical JSONL, :func:`socialworld.records.to_jsonl`), and the counterf
 pairs the sleep phase scores from the random policy's episodes against the expert's (a default
 :class:`~socialworld.learn.sleep.SleepConfig` with reference pairs at the expert's states), and which
 of them screening and gating keep. (The pair hashes were rewritten once, when pairs gained
-``chosen_by`` as pair-v3; ``pairs-as-v2/<scenario id>`` hashes the same pairs as pair-v2 wrote them,
-and its stored values are the pair hashes stored before that change.) ``python
+``chosen_by`` as pair-v3, and again when they gained ``candidates`` and ``legal`` as pair-v4;
+``pairs-as-v2/<scenario id>`` and ``pairs-as-v3/<scenario id>`` hash the same pairs as those formats
+wrote them, and their stored values are the pair hashes stored before each change.) ``python
 tests/golden.py --write`` stores them in ``tests/data/golden-runs.json``; ``tests/test_golden.py``
 checks them. Rewrite the file only for a change that means to alter behaviour, and say so."""
 from __future__ import annotations
@@ -52,7 +53,11 @@ def run_hashes() -> dict[str, str]:
         out[f"pairs/{sid}"] = _sha("\n".join(p.model_dump_json() for p in result.candidates))
         # the same pairs as pair-v2 wrote them (no chosen_by): equal to the hashes stored before pair-v3
         out[f"pairs-as-v2/{sid}"] = _sha("\n".join(
-            p.model_copy(update={"schema_version": "pair-v2"}).model_dump_json(exclude={"chosen_by"}) for p in result.candidates))
+            p.model_copy(update={"schema_version": "pair-v2"}).model_dump_json(exclude={"chosen_by", "candidates", "legal"}) for p in result.candidates))
+        # the same pairs as pair-v3 wrote them (no candidates or legal set): equal to the hashes stored before pair-v4
+        out[f"pairs-as-v3/{sid}"] = _sha("\n".join(
+            p.model_copy(update={"schema_version": "pair-v3"}).model_dump_json(exclude={"candidates", "legal"})
+            for p in result.candidates))
         out[f"gated/{sid}"] = _sha(json.dumps({"kept": [p.id for p in result.kept], "report": result.report.as_dict()}, sort_keys=True))
     return out
 

@@ -377,12 +377,43 @@ def test_pairs_of_earlier_formats_read_back_without_chosen_by(lunch, random_eps,
     from socialworld.learn.sleep import PAIR_SCHEMA, Pair
 
     pairs = action_pairs(lunch, random_eps[0], SleepConfig(), GatingReport())[:2]
-    assert PAIR_SCHEMA == "pair-v3" and {p.chosen_by for p in pairs} == {"rollouts"}
+    assert PAIR_SCHEMA == "pair-v4" and {p.chosen_by for p in pairs} == {"rollouts"}
     write_pairs(tmp_path / "new.parquet", pairs)
     t = pq.read_table(tmp_path / "new.parquet").drop_columns(["chosen_by"])
     t = t.set_column(0, "schema_version", pa.array(["pair-v2"] * len(pairs)))
     pq.write_table(t, tmp_path / "v2.parquet")
     back = read_pairs(tmp_path / "v2.parquet")
     assert back == [p.model_copy(update={"schema_version": "pair-v2", "chosen_by": None}) for p in pairs]
-    with pytest.raises(ValueError, match="a pair-v3 pair lacks chosen_by"):
+    with pytest.raises(ValueError, match="a pair-v4 pair lacks chosen_by"):
         Pair(**(pairs[0].model_dump() | {"chosen_by": None}))
+
+
+def test_values_of_every_candidate_recorded_with_provenance_and_reproducible(lunch, random_eps, tmp_path):
+    """``values``: each action pair carries every scored candidate's value (the label's and the
+    taken action's among them) and the legal set; the same seed gives the same numbers; pair-v4
+    files round-trip them, and the values are real rollouts from the pair's state."""
+    ref = run_episodes(make_policy("expert"), [EpisodeJob(lunch, 11)])[0]
+    cfg = SleepConfig(rollouts=3, horizon=6, max_candidates=6, reference_pairs="own", values="imagined", discount=0.9,
+                      wake_chosen="continuation", label_gate="disagree")
+    pairs = reference_pairs(lunch, ref, cfg, GatingReport()) + action_pairs(lunch, random_eps[0], cfg, GatingReport())
+    assert pairs and all(p.candidates and p.legal for p in pairs)
+    assert all("imagined" in p.provenance and "gamma=0.9" in p.provenance for p in pairs)
+    again = reference_pairs(lunch, ref, cfg, GatingReport()) + action_pairs(lunch, random_eps[0], cfg, GatingReport())
+    assert again == pairs
+    worlds = {(p.episode_id, s.setting.step): w.fork() for p in pairs for s, w in replay(lunch, ref if p.episode_id == ref.episode_id else random_eps[0])
+              if s.setting.step == p.step}
+    from socialworld.learn.sleep import _say
+
+    for p in pairs:
+        keys = [c.key for c in p.candidates]
+        _, chosen, _ = turn_parts(p.chosen[0]["content"])
+        assert chosen in keys and set(keys) <= set(p.legal)
+        assert next(c.value for c in p.candidates if c.key == chosen) == pytest.approx(p.chosen_value)
+        w = worlds[(p.episode_id, p.step)]
+        key = (p.scenario_id, p.seed, p.step) + (("reference",) if p.chosen_by == "reference" else ())
+        c = p.candidates[-1]
+        assert fmean(rollout_returns(w, _say(w, Action.parse(c.key)), cfg, key)) == pytest.approx(c.value)
+    write_pairs(tmp_path / "v4.parquet", pairs)
+    assert read_pairs(tmp_path / "v4.parquet") == pairs
+    plain = reference_pairs(lunch, ref, replace(cfg, values="off"), GatingReport())
+    assert all(p.candidates is None and p.legal is None for p in plain)

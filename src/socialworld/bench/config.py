@@ -30,6 +30,18 @@ half, lr 1e-3 (what fitted the labels, docs/design.md), each action kind weighte
 times: the cloned policy otherwise proposes where the expert negotiates or finalizes), bf16 where native."""
 
 
+VALUES_SLEEP = replace(RECIPE_SLEEP, values="imagined", discount=0.9, rollouts=4)
+"""The sleep of the value recipe under study (not a preset: it has not won a probe yet,
+docs/experiments/2026-11-26-listwise-values.md): the default's, and at every labelled state the value of every scored
+candidate (up to ``max_candidates`` legal actions, the label and the taken action), each the mean of 4
+discounted expert continuations in imagined worlds (preferences redrawn to agree with the public
+record: values an observation can support; docs/design.md, "The learning recipe")."""
+
+VALUES_TRAIN = replace(RECIPE_TRAIN, method="listwise")
+"""The value recipe's training: the default's LoRA, steps and balancing; the decision fitted listwise to
+soft targets from those values (the label, or a candidate that beats it by ``value_margin``)."""
+
+
 @dataclass(frozen=True)
 class Preset:
     """The budget and recipe of a bench run."""

@@ -19,6 +19,9 @@ class PairBuild:
     continuation: str = field(default="expert", metadata={"help": "policy rolled out after each counterfactual candidate"})
     rollouts: int = field(default=2, metadata={"help": "M: continuations per candidate"})
     horizon: int = field(default=8, metadata={"help": "steps per continuation (or until the episode ends)"})
+    discount: float = field(default=1.0, metadata={
+        "help": "gamma: a continuation's return is the sum of gamma^t times step t's reward (1: undiscounted; below 1 a "
+                "turn lost costs value, so candidates that only delay the same outcome are told apart)"})
     max_candidates: int = field(default=12, metadata={"help": "legal alternatives scored per step (besides the taken one)"})
     margin: float = field(default=0.05, metadata={"help": "delta: least value gap between chosen and rejected"})
     q_margin: float = field(default=0.05, metadata={"help": "dialogue track: least q_t gap"})
@@ -37,6 +40,10 @@ class PairBuild:
     judge_margin: float = field(default=2.0, metadata={
         "help": "with an LM judge: least gap in its goal score (0-10) between two episodes of the same scenario and seed "
                 "for a judge-ranked pair at their first differing turn"})
+    values: Literal["off", "true", "imagined"] = field(default="off", metadata={
+        "help": "values of every scored candidate at each action pair's state, recorded on the pair (its candidates): off "
+                "(only what picks chosen and rejected); true (rollouts from the true state); imagined (each rollout in a "
+                "world whose NPC preferences are redrawn to agree with the public record: values an observation can support)"})
     reference_pairs: Literal["off", "best", "own"] = field(default="off", metadata={
         "help": "action pairs at the states of the reference (continuation-policy) episodes too: off; best (chosen = the "
                 "best candidate by rollouts); own (chosen = the reference's own action); rejected = a candidate at least "
@@ -49,12 +56,17 @@ class PairBuild:
             raise ValueError(f"label_gate must be margin or disagree, got {self.label_gate!r}")
         if not self.judge_margin > 0:
             raise ValueError(f"judge_margin must be > 0 (equal scores rank nothing), got {self.judge_margin!r}")
+        if not 0 < self.discount <= 1:
+            raise ValueError(f"discount must be in (0, 1], got {self.discount!r}")
+        if self.values not in ("off", "true", "imagined"):
+            raise ValueError(f"values must be off, true or imagined, got {self.values!r}")
         if self.reference_pairs not in ("off", "best", "own"):
             raise ValueError(f"reference_pairs must be off, best or own, got {self.reference_pairs!r}")
 
     @property
     def provenance(self) -> str:
-        return f"simulator_rollout({self.continuation}, M={self.rollouts}, horizon={self.horizon})"
+        where = (f", gamma={self.discount:g}" if self.discount < 1 else "") + (", imagined" if self.values == "imagined" else "")
+        return f"simulator_rollout({self.continuation}, M={self.rollouts}, horizon={self.horizon}{where})"
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,10 @@ class SleepConfig(Gating, PairBuild):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    method: Literal["dpo", "sft", "grpo"] = field(default="dpo", metadata={"help": "TRL trainer: dpo, sft or grpo"})
+    method: Literal["dpo", "sft", "grpo", "listwise"] = field(default="dpo", metadata={"help": (
+        "dpo, sft or grpo (TRL's trainers), or listwise (the policy's distribution over legal actions fitted to soft "
+        "targets from the simulator's values of every scored candidate, the belief and words by likelihood: "
+        "socialworld.learn.listwise)")})
     steps: int = field(default=30, metadata={"help": "optimizer steps"})
     max_epochs: float = field(default=0.0, metadata={"help": (
         "at most this many passes over the rows (fewer steps on a small set; 0: steps alone decide)")})
@@ -119,6 +134,10 @@ class TrainConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = field(default="auto", metadata={"help": (
         "compute dtype: bfloat16 autocast over fp32 weights where the hardware has native bf16 (CUDA, avx512_bf16, AMX), "
         "else float32 (auto); emulated bf16 is slower than fp32")})
+    value_temperature: float = field(default=0.05, metadata={"help": (
+        "listwise: temperature of the soft target over the candidates (in units of value)")})
+    value_margin: float = field(default=0.05, metadata={"help": (
+        "listwise: a candidate joins the target beside chosen only when its value beats chosen's by this much")})
     seed: int = field(default=0, metadata={"help": "trainer seed"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": (
         "recompute activations in the backward pass (TRL's own default is on: it saves memory and costs time; "
@@ -126,8 +145,10 @@ class TrainConfig:
 
 
     def __post_init__(self) -> None:
-        if self.method not in ("dpo", "sft", "grpo"):
-            raise ValueError(f"training method must be dpo, sft or grpo, got {self.method!r}")
+        if self.method not in ("dpo", "sft", "grpo", "listwise"):
+            raise ValueError(f"training method must be dpo, sft, grpo or listwise, got {self.method!r}")
+        if not self.value_temperature > 0:
+            raise ValueError(f"value_temperature must be > 0, got {self.value_temperature!r}")
         if not 0 < self.lora_upper <= 1:
             raise ValueError(f"lora_upper must be in (0, 1], got {self.lora_upper!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
@@ -191,9 +212,10 @@ class LoopConfig:
 
 
 LOOP_ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "reference_episodes": 0, "dialogue_steps": 0, "judge": "",
-                     "sleep": {"reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin",
+                     "sleep": {"values": "off", "discount": 1.0, "reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin",
                                "judge_margin": 2.0},
-                     "train": {"max_epochs": 0.0, "lora_upper": 1.0, "dtype": "float32", "balance": 0}}
+                     "train": {"max_epochs": 0.0, "lora_upper": 1.0, "dtype": "float32", "balance": 0,
+                               "value_temperature": 0.05, "value_margin": 0.05}}
 """Config fields added after runs were written, each with the value that behaves as the code did
 before it: a stored config without one resumes as if it had that value. (Not every default
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""

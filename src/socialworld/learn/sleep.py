@@ -81,11 +81,14 @@ from socialworld.world.rng import derive_seed
 from socialworld.world.spec import ScenarioSpec
 from socialworld.world.visibility import legal_actions, observe
 
-PAIR_SCHEMA = "pair-v3"
-"""pair-v3: a pair names what chose its chosen side (``chosen_by``); pair-v2's told a continuation
-policy's label only by a suffix of its provenance. pair-v2: an action-track turn ends in a SAY line
-(the words of its action); pair-v1's ended at the ACTION line. Files of all three read back (an
-older pair's ``chosen_by`` is None: not recorded); a run folder never mixes them (``rundir.PAIRS_KEY``)."""
+PAIR_SCHEMA = "pair-v4"
+"""pair-v4: an action pair may carry the value of every candidate scored at its state (``candidates``)
+and the keys of every legal action there (``legal``), what a listwise objective trains on. pair-v3: a
+pair names what chose its chosen side (``chosen_by``); pair-v2's told a continuation policy's label
+only by a suffix of its provenance. pair-v2: an action-track turn ends in a SAY line (the words of
+its action); pair-v1's ended at the ACTION line. Files of all four read back (an
+older pair's ``chosen_by`` is None: not recorded; before pair-v4 ``candidates`` and ``legal`` are None); a run
+folder never mixes them (``rundir.PAIRS_KEY``)."""
 GOOD_SOURCES = ("direct", "fused")
 EVIDENCE_KEYS = ("U", "A_e", "S_npc", "D", "ranking")
 """the source of each of the episode's metrics, and of what ranks chosen over rejected (``ranking``:
@@ -99,10 +102,20 @@ PairSource = Literal["action", "reference", "dialogue", "utterance", "judge"]
 """The ways pairs are built, one function each (:data:`PAIR_SOURCES`)."""
 
 
+class Candidate(BaseModel):
+    """One candidate action scored at a pair's state: its key and its value (the mean return of the
+    continuations after it; the pair's ``provenance`` says how they were rolled out)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    value: float
+
+
 class Pair(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_version: Literal["pair-v1", "pair-v2", "pair-v3"] = PAIR_SCHEMA
+    schema_version: Literal["pair-v1", "pair-v2", "pair-v3", "pair-v4"] = PAIR_SCHEMA
     id: str
     track: Literal["action", "dialogue"]
     scenario_id: str
@@ -125,6 +138,11 @@ class Pair(BaseModel):
     """action track: the world just before the step (``World.snapshot_json``), for GRPO rewards"""
     chosen_by: ChosenBy | None = None
     """what chose the chosen side (:data:`ChosenBy`); None only in pair-v1/v2 files, which did not record it"""
+    candidates: list[Candidate] | None = None
+    """action track with ``PairBuild.values``: every candidate scored at the state with its value (chosen's
+    and rejected's actions among them), in the order scored; None where values were not recorded"""
+    legal: list[str] | None = None
+    """with ``candidates``: the keys of every legal action at the state (the set constrained decoding chooses from)"""
 
     @model_validator(mode="after")
     def _chosen_by_recorded(self) -> Pair:
@@ -182,18 +200,25 @@ def replay(spec: ScenarioSpec, ep: EpisodeRecord) -> Iterator[tuple[StepRecord, 
 
 def rollout_returns(w0: World, first: Action, cfg: PairBuild, key: Sequence[int | str]) -> list[float]:
     """Returns of ``cfg.rollouts`` continuations: step ``first``, then the continuation policy
-    for up to ``cfg.horizon`` steps. Return = sum of step rewards (Phi gain minus costs)."""
+    for up to ``cfg.horizon`` steps. Return = sum of step rewards (Phi gain minus costs), step t's
+    weighted by ``cfg.discount ** t`` (1 unless set: then exactly the sum as before). With
+    ``cfg.values == "imagined"`` continuation m runs in an imagined world
+    (:func:`~socialworld.world.imagine.imagine`: the public state, preferences redrawn to agree with
+    it), the same m-th world for every candidate of the state (common random numbers)."""
+    from socialworld.world.imagine import imagine
+
     out = []
     for m in range(cfg.rollouts):
-        w = w0.fork(reseed=derive_seed(cfg.seed, *key, m))
+        seed = derive_seed(cfg.seed, *key, m)
+        w = imagine(w0, seed) if cfg.values == "imagined" else w0.fork(reseed=seed)
         pol = make_policy(cfg.continuation, seed=derive_seed(cfg.seed, *key, m, "policy"))
         pol.reset(["cf"])
         ret = w.step(first).reward
-        for _ in range(cfg.horizon):
+        for t in range(1, cfg.horizon + 1):
             if w.done:
                 break
             d = decide(pol, ["cf"], [w], [observe(w.spec, w.pub)])[0]
-            ret += w.step(d.action, parse_error=d.parse_error).reward
+            ret += cfg.discount ** t * w.step(d.action, parse_error=d.parse_error).reward
         out.append(ret)
     return out
 
@@ -257,6 +282,9 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: PairBuild, report: 
             continue
         if label is None:
             cands = candidates(w, ran, cfg.max_candidates, key)
+        elif cfg.values != "off":  # every candidate scored, the label and the taken action among them
+            cands = candidates(w, ran, cfg.max_candidates, key)
+            cands += [label] if label.key not in {a.key for a in cands} else []
         else:  # only the label and the taken action need values (rollouts are per action: the same numbers)
             cands = [label] + ([ran] if ran is not None else [])
         values = {a.key: rollout_returns(w, _say(w, a), cfg, key) for a in cands}
@@ -281,7 +309,7 @@ def action_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: PairBuild, report: 
             rejected_value=fmean(rej_returns), quality=quality, evidence=_evidence(ep),
             provenance=cfg.provenance, chosen_by="rollouts" if label is None else "label",
             template_key=f"{ep.scenario_id}:{best.key}>{taken.key if taken else 'unparseable'}",
-            snapshot=w.snapshot_json(),
+            snapshot=w.snapshot_json(), **_scored(cfg, obs, cands, values),
         ))
     return pairs
 
@@ -323,9 +351,17 @@ def reference_pairs(spec: ScenarioSpec, ref: EpisodeRecord, cfg: PairBuild, repo
             rejected_value=fmean(values[rej]), quality=fmean(float(c > r) for c, r in zip(values[best.key], values[rej])),
             provenance=cfg.provenance, chosen_by="reference" if cfg.reference_pairs == "own" else "rollouts",
             evidence=_evidence(ref), template_key=f"{ref.scenario_id}:{best.key}>{rej}",
-            snapshot=w.snapshot_json(),
+            snapshot=w.snapshot_json(), **_scored(cfg, obs, cands, values),
         ))
     return pairs
+
+
+def _scored(cfg: PairBuild, obs: Any, cands: Sequence[Action], values: dict[str, list[float]]) -> dict[str, Any]:
+    """A pair's ``candidates`` and ``legal`` fields where ``cfg.values`` records them, else none."""
+    if cfg.values == "off":
+        return {}
+    return {"candidates": [Candidate(key=a.key, value=fmean(values[a.key])) for a in cands],
+            "legal": [a.key for a in legal_actions(obs)]}
 
 
 def _say(w: World, a: Action) -> Action:
@@ -648,6 +684,7 @@ def write_pairs(path: str | Path, pairs: Sequence[Pair]) -> int:
         ("rejected_value", pa.float64()), ("quality", pa.float64()), ("provenance", pa.string()),
         ("evidence", pa.struct([(k, pa.string()) for k in EVIDENCE_KEYS])), ("template_key", pa.string()), ("snapshot", pa.string()),
         ("chosen_by", pa.string()),
+        ("candidates", pa.list_(pa.struct([("key", pa.string()), ("value", pa.float64())]))), ("legal", pa.list_(pa.string())),
     ])
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(path))
     return replaced

@@ -248,6 +248,8 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
                                                      max_steps=planned_steps(cfg, len(data))),
                              train_dataset=data, processing_class=tok,
                              peft_config=peft_config)
+    elif cfg.method == "listwise":
+        return _train_listwise(model, tok, out, cfg, pairs, peft_config, base_path, progress, t0)
     elif cfg.method == "grpo":
         from trl import GRPOConfig, GRPOTrainer
 
@@ -293,6 +295,35 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
     record = TrainRecord(config=cfg, dtype=compute_dtype(cfg), steps=trainer.state.global_step, losses=losses, rows=rows)
     (out / TRAIN_RECORD).write_text(record.to_json())
     return TrainResult(cfg.method, trainer.state.global_step, losses, t2 - t0, str(out), train_seconds=train_seconds)
+
+
+def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path, peft_config: Any,
+                    base_path: str | Path, progress: Callable[[int], Callable[[Any], None]] | None, t0: float) -> TrainResult:
+    """``method="listwise"`` (:mod:`socialworld.learn.listwise`): the same LoRA adapter, saving and
+    record as TRL's trainers, trained by a plain AdamW loop."""
+    import torch
+    from peft import get_peft_model
+
+    from socialworld.learn.listwise import train_listwise
+    from socialworld.learn.sleep import read_pairs
+
+    if peft_config is not None:
+        model = get_peft_model(model, peft_config)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    data = read_pairs(pairs) if isinstance(pairs, (str, Path)) else list(pairs)
+    dtype = compute_dtype(cfg)
+    steps = planned_steps(cfg, len(balanced_indices([action_kind(p.chosen) for p in data], cfg.balance)))
+    advance = progress(steps) if progress is not None else None
+    t1 = time.perf_counter()
+    losses, rows = train_listwise(model, tok, data, cfg, dtype, lambda kinds: balanced_indices(kinds, cfg.balance), steps,
+                                  on_step=(lambda: advance(None)) if advance is not None else None)
+    train_seconds = time.perf_counter() - t1
+    model.save_pretrained(str(out), save_embedding_layers=False)
+    canonical_adapter_config(out, base_path)
+    record = TrainRecord(config=cfg, dtype=dtype, steps=steps, losses=losses, rows=rows)
+    (out / TRAIN_RECORD).write_text(record.to_json())
+    return TrainResult(cfg.method, steps, losses, time.perf_counter() - t0, str(out), train_seconds=train_seconds)
 
 
 def canonical_adapter_config(folder: str | Path, base_path: str | Path | None = None) -> None:

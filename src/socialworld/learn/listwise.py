@@ -1,0 +1,258 @@
+"""A listwise objective over the legal actions of a state, on the same PEFT LoRA adapters.
+
+Constrained decoding (:mod:`socialworld.agents.lm.constrained`) picks the action greedily over the
+token trie of the legal actions: at each branch point the model's logits restricted to the
+children there. So the policy's distribution over legal actions is
+
+    P(a | s) = prod_j softmax_{allowed(node_j)}(logits_j)[a_j]
+
+(the trie's children of ``a``'s first j tokens; a node with one child contributes 1). This trainer
+fits that distribution to a soft target over the candidates the sleep phase scored
+(:attr:`socialworld.learn.sleep.Pair.candidates`, values from the simulator):
+
+    support = {chosen} + {a : V(a) >= V(chosen) + value_margin}
+    p(a) = exp(V(a) / value_temperature) / sum_{b in support} exp(V(b) / value_temperature)
+
+chosen is the pair's own label (the expert's action, DAgger's), kept where the values do not
+separate the candidates by ``value_margin``; where a candidate beats it by that much, the
+simulator's improvement takes the mass. The loss per state is
+
+    L = NLL(BELIEF line, SAY line of chosen) / tokens - DECISION_WEIGHT * sum_a p(a) log P(a | s)
+
+the words and belief by plain next-token likelihood (the warm start, what SFT taught), the
+decision by the listwise term only: a gradient that moves mass among legal actions alone, never
+toward text the decoder cannot write. :data:`DECISION_WEIGHT` is measured, not derived: at 1 the
+decision's summed log-probabilities (ten nats and more untrained) dominated each row's clipped
+gradient and the words were learned three times slower than by cloning; at 0.2 both the words and
+the decision fitted better after the same steps; at cloning's own share (the decision's few branch
+tokens among about 80 of the turn) a tiny model's decision barely moved in 20 steps
+(docs/experiments/2026-11-26-listwise-values.md). A pair without candidates has the support {chosen}
+(and without a legal set its action is learned by likelihood too).
+
+One row per state: the prompt and the BELIEF line once, then one block per support candidate
+(its action tokens; chosen's followed by its SAY line), each block attending to the shared prefix
+and to itself (a 4-D attention mask, position ids continuing the prefix): one forward pass scores
+every candidate. TRL has no listwise trainer; this one is a plain AdamW loop over the PEFT model
+(the same LoRA layers, saving, record and seeds as :func:`socialworld.learn.train.train_adapter`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from socialworld.learn.config import TrainConfig
+from socialworld.learn.sleep import Pair
+from socialworld.text.reply import ACTION, SAY, reply_fields
+
+DECISION_WEIGHT = 0.2
+"""weight of the listwise decision term against the per-token likelihood of the turn's words (see above)"""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One state's tokens and targets."""
+
+    ids: list[int]
+    positions: list[int]
+    blocks: list[tuple[int, int]]
+    """[start, end) of each block after the shared prefix (the prefix is ``ids[:blocks[0][0]]``)"""
+    nll: list[int]
+    """positions whose next token is trained by likelihood (the position predicting ``ids[i + 1]``
+    within the prefix, or a block's own next token)"""
+    nll_targets: list[int]
+    choices: list[tuple[int, int, list[int], int]]
+    """(candidate index, predicting position, allowed token ids, target token) at each branch point"""
+    probs: list[float]
+    """target probability of each candidate (block)"""
+    keys: list[str]
+    """the action key of each candidate (block), chosen's first"""
+    kind: str | None
+
+
+def targets(pair: Pair, temperature: float, margin: float) -> dict[str, float]:
+    """The soft target over actions at ``pair``'s state (see the module docstring)."""
+    chosen = reply_fields(pair.chosen[-1]["content"]).get("ACTION", "")
+    values = {c.key: c.value for c in pair.candidates or ()}
+    if chosen not in values:
+        return {chosen: 1.0}
+    support = [chosen] + sorted(k for k, v in values.items() if k != chosen and v >= values[chosen] + margin)
+    top = max(values[k] for k in support)
+    w = {k: math.exp((values[k] - top) / temperature) for k in support}
+    z = sum(w.values())
+    return {k: x / z for k, x in w.items()}
+
+
+def _trie(keys: Sequence[list[int]]) -> dict[tuple[int, ...], set[int]]:
+    children: dict[tuple[int, ...], set[int]] = {}
+    for ids in keys:
+        for j in range(len(ids)):
+            children.setdefault(tuple(ids[:j]), set()).add(ids[j])
+    return children
+
+
+def build_row(pair: Pair, tok: Any, temperature: float, margin: float, max_length: int) -> Row | None:
+    """The row of one pair (None when its prompt alone fills ``max_length``)."""
+    turn = pair.chosen[-1]["content"]
+    fields = reply_fields(turn)
+    head = turn.split(f"\n{ACTION}", 1)[0] + f"\n{ACTION}"
+    words = fields.get("SAY", "")
+    prompt = tok.apply_chat_template(pair.prompt, tokenize=False, add_generation_prompt=True)
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompt_ids, head_ids = enc(prompt), enc(head)
+    prefix = prompt_ids + head_ids
+    if len(prefix) >= max_length:
+        return None
+    probs = targets(pair, temperature, margin)
+    chosen = fields.get("ACTION", "")
+    legal = list(pair.legal or ())
+    children = _trie([enc(" " + k) for k in legal] + [enc(" " + k) for k in probs if k not in legal])
+    tail = enc(f"\n{SAY}") + (enc(" " + words) if words else []) + [tok.eos_token_id]
+    ids, positions = list(prefix), list(range(len(prefix)))
+    nll = list(range(len(prompt_ids) - 1, len(prefix) - 1))
+    nll_targets = [prefix[i + 1] for i in nll]
+    blocks, choices, plist, keys = [], [], [], []
+    n = len(prefix)
+    for ci, (key, p) in enumerate(sorted(probs.items(), key=lambda kv: kv[0] != chosen)):
+        cand = enc(" " + key)
+        block = cand + (tail if key == chosen else [])
+        start = len(ids)
+        for j, t in enumerate(cand if pair.legal else ()):
+            allowed = sorted(children.get(tuple(cand[:j]), {t}))
+            if len(allowed) > 1:
+                choices.append((ci, n - 1 if j == 0 else start + j - 1, allowed, t))
+        # chosen's SAY line by likelihood (and its action too where the legal set was not recorded)
+        for j in range(len(cand) if pair.legal else 0, len(block)):
+            nll.append(n - 1 if j == 0 else start + j - 1)
+            nll_targets.append(block[j])
+        ids += block
+        positions += list(range(n, n + len(block)))
+        blocks.append((start, len(ids)))
+        plist.append(p)
+        keys.append(key)
+    return Row(ids, positions, blocks, nll, nll_targets, choices, plist, keys, chosen.split("(", 1)[0] or None)
+
+
+def _batch(rows: Sequence[Row], pad: int) -> tuple[Any, Any, Any]:
+    import torch
+
+    L = max(len(r.ids) for r in rows)
+    ids = torch.full((len(rows), L), pad, dtype=torch.long)
+    pos = torch.zeros((len(rows), L), dtype=torch.long)
+    mask = torch.zeros((len(rows), 1, L, L), dtype=torch.bool)
+    for b, r in enumerate(rows):
+        n = r.blocks[0][0] if r.blocks else len(r.ids)
+        ids[b, : len(r.ids)] = torch.tensor(r.ids)
+        pos[b, : len(r.ids)] = torch.tensor(r.positions)
+        mask[b, 0, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+        for s, e in r.blocks:
+            mask[b, 0, s:e, :n] = True
+            mask[b, 0, s:e, s:e] = torch.ones(e - s, e - s, dtype=torch.bool).tril()
+        for i in range(len(r.ids), L):  # padding attends to itself (no empty softmax)
+            mask[b, 0, i, i] = True
+    return ids, pos, mask
+
+
+def _block_logps(head: Any, h: Any, r: Row) -> list[Any]:
+    """log P(candidate | state) of each block of row ``r`` from its hidden states ``h``: the sum
+    over the candidate's branch points of the log-softmax over the legal children there."""
+    import torch
+
+    logp = [h.new_zeros((), dtype=torch.float32) for _ in r.probs]
+    if r.choices:
+        at = head(h[[c[1] for c in r.choices]]).float()
+        for k, (ci, _, allowed, t) in enumerate(r.choices):
+            logp[ci] = logp[ci] + torch.log_softmax(at[k, allowed], -1)[allowed.index(t)]
+    return logp
+
+
+def candidate_logprobs(model: Any, tok: Any, pair: Pair, cfg: TrainConfig) -> dict[str, float]:
+    """The policy's log-probability over the legal actions (constrained decoding's distribution) of
+    each action in ``pair``'s soft target: what training should raise for the higher-valued ones."""
+    import torch
+
+    row = build_row(pair, tok, cfg.value_temperature, cfg.value_margin, 1 << 30)
+    assert row is not None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    ids, pos, mask = _batch([row], tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    with torch.no_grad():
+        h = base.model(input_ids=ids.to(base.device), attention_mask=mask.to(base.device),
+                       position_ids=pos.to(base.device), use_cache=False).last_hidden_state[0]
+        logp = _block_logps(base.get_output_embeddings(), h, row)
+    return {k: float(x) for k, x in zip(row.keys, logp)}
+
+
+def row_loss(model: Any, rows: Sequence[Row], pad: int) -> tuple[Any, dict[str, float]]:
+    """Mean over ``rows`` of the per-state loss, and how much of the target mass the policy's
+    distribution over legal actions gives the target argmax (``fit``: its probability, averaged)."""
+    import torch
+    import torch.nn.functional as F
+
+    ids, pos, mask = _batch(rows, pad)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    # a batch whose rows are one block each (most: the values rarely beat the label) is plain causal
+    # attention on right-padded rows, no mask needed: the fused kernel instead of an explicit 4-D mask
+    tree = any(len(r.blocks) > 1 for r in rows)
+    hidden = base.model(input_ids=ids.to(base.device), attention_mask=mask.to(base.device) if tree else None,
+                        position_ids=pos.to(base.device), use_cache=False).last_hidden_state
+    head = base.get_output_embeddings()
+    losses, fit = [], []
+    for b, r in enumerate(rows):
+        h = hidden[b]
+        logits = head(h[r.nll]).float()
+        nll = F.cross_entropy(logits, torch.tensor(r.nll_targets, device=logits.device), reduction="mean") \
+            if r.nll else logits.sum() * 0
+        logp = _block_logps(head, h, r)
+        listwise = -sum(p * lp for p, lp in zip(r.probs, logp))
+        losses.append(nll + DECISION_WEIGHT * listwise)
+        best = max(range(len(r.probs)), key=lambda i: r.probs[i])
+        fit.append(float(logp[best].detach().exp()))
+    return torch.stack(losses).mean(), {"fit": sum(fit) / len(fit)}
+
+
+def train_listwise(model: Any, tok: Any, pairs: Sequence[Pair], cfg: TrainConfig, dtype: str,
+                   kinds_balance: Callable[[list[str | None]], list[int]], steps: int,
+                   on_step: Callable[[], None] | None = None) -> tuple[list[float], dict[str, int]]:
+    """Train ``model`` (a PEFT model with trainable LoRA weights) on ``pairs`` for ``steps``
+    AdamW steps of ``cfg.batch_size`` rows, the learning rate decaying linearly to 0 (as TRL's
+    trainers do). Rows are balanced by ``kinds_balance`` (indices, repeats allowed) and shuffled
+    each pass by ``cfg.seed``. Returns the losses per step and the row counts."""
+    import torch
+
+    built = [build_row(p, tok, cfg.value_temperature, cfg.value_margin, cfg.max_length) for p in pairs]
+    given = kinds_balance([r.kind if r is not None else None for r in built])
+    order = [i for i in given if built[i] is not None]  # a row whose prompt fills max_length is dropped, as TRL does
+    if not order:
+        raise ValueError(f"all {len(built)} training rows have prompts of max_length={cfg.max_length} tokens or more: raise max_length")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)  # as TRL's trainers: no decay
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / steps))
+    rng = random.Random(cfg.seed)
+    queue: list[int] = []
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    bf16 = dtype == "bfloat16"
+    device = next(model.parameters()).device
+    losses = []
+    model.train()
+    for _ in range(steps):
+        batch: list[Row] = []
+        while len(batch) < cfg.batch_size:
+            if not queue:
+                queue = list(order)
+                rng.shuffle(queue)
+            row = built[queue.pop()]
+            assert row is not None
+            batch.append(row)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss, _ = row_loss(model, batch, pad)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)  # as TRL's trainers (max_grad_norm 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step()
+    return losses, {"pairs": len(pairs), "given": len(given), "trained_on": len(order)}
