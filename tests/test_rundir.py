@@ -84,16 +84,16 @@ def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
 
 def test_a_run_of_another_pair_format_is_refused(tmp_path):
     """A run whose action pairs ended at the ACTION line (pair-v1: its config has no pair_schema)
-    is neither resumed nor re-gated by a version that writes pair-v3: replay would mix the two."""
+    is neither resumed nor re-gated by a version that writes pair-v4: replay would mix the two."""
     from socialworld.learn.config import LoopConfig
     from socialworld.learn.loop import config_doc, regate
 
     doc = config_doc(LoopConfig(out=str(tmp_path)), {})
-    assert doc["pair_schema"] == "pair-v3"
+    assert doc["pair_schema"] == "pair-v4"
     RunDir(tmp_path).write_config({k: v for k, v in doc.items() if k != "pair_schema"})
-    with pytest.raises(ValueError, match="training pairs are pair-v1, this version writes pair-v3"):
+    with pytest.raises(ValueError, match="training pairs are pair-v1, this version writes pair-v4"):
         RunDir(tmp_path).write_config(doc)
-    with pytest.raises(ValueError, match="pair-v1, this version builds pair-v3"):
+    with pytest.raises(ValueError, match="pair-v1, this version builds pair-v4"):
         regate(tmp_path, 1, {})
 
 
