@@ -62,20 +62,18 @@ def test_the_trie_distribution_is_over_the_legal_actions_and_blocks_score_like_s
     alone = prob("propose(food, pizza, all)", {"propose(food, pizza, all)": 1.0}, "propose(food, pizza, all)")
     beside = prob("propose(food, pizza, all)", {"inquire(ann, food)": 0.0, "propose(food, pizza, all)": 1.0}, "inquire(ann, food)")
     assert beside == pytest.approx(alone, rel=1e-4)
-    assert row_loss(model, [build_row(pair({"inquire(ann, food)": 0.0}), tok, 0.05, 0.05, 4096)], pad)[0].item() > 0
+    assert row_loss(model, [build_row(pair({"inquire(ann, food)": 0.0}), tok, 0.05, 0.05, 4096)], pad).item() > 0
 
 
 def _logps(model, row, pad) -> list[float]:
     """log P(candidate) of each block of ``row``, from a forward pass of the row (the trainer's own arithmetic)."""
     import torch
 
-    from socialworld.learn.listwise import _batch, _block_logps
+    from socialworld.learn.listwise import _block_logps, _forward
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    ids, pos, mask = _batch([row], pad)
     with torch.no_grad():
-        h = base.model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state[0]
-        return [float(x) for x in _block_logps(base.get_output_embeddings(), h, row)]
+        hidden, head = _forward(model, [row], pad)
+        return [float(x) for x in _block_logps(head, hidden[0], row)]
 
 
 @needs_torch

@@ -45,7 +45,7 @@ from typing import Any, Callable, Sequence
 
 from socialworld.learn.config import TrainConfig
 from socialworld.learn.sleep import Pair
-from socialworld.text.reply import ACTION, SAY, reply_fields
+from socialworld.text.reply import ACTION, SAY, action_kind, reply_fields
 
 DECISION_WEIGHT = 0.2
 """weight of the listwise decision term against the per-token likelihood of the turn's words (see above)"""
@@ -107,8 +107,7 @@ def build_row(pair: Pair, tok: Any, temperature: float, margin: float, max_lengt
         return None
     probs = targets(pair, temperature, margin)
     chosen = fields.get("ACTION", "")
-    legal = list(pair.legal or ())
-    children = _trie([enc(" " + k) for k in legal] + [enc(" " + k) for k in probs if k not in legal])
+    children = _trie([enc(" " + k) for k in pair.legal or ()])
     tail = enc(f"\n{SAY}") + (enc(" " + words) if words else []) + [tok.eos_token_id]
     ids, positions = list(prefix), list(range(len(prefix)))
     nll = list(range(len(prompt_ids) - 1, len(prefix) - 1))
@@ -132,20 +131,25 @@ def build_row(pair: Pair, tok: Any, temperature: float, margin: float, max_lengt
         blocks.append((start, len(ids)))
         plist.append(p)
         keys.append(key)
-    return Row(ids, positions, blocks, nll, nll_targets, choices, plist, keys, chosen.split("(", 1)[0] or None)
+    return Row(ids, positions, blocks, nll, nll_targets, choices, plist, keys, action_kind(turn))
 
 
 def _batch(rows: Sequence[Row], pad: int) -> tuple[Any, Any, Any]:
+    """Right-padded ids and position ids, and the 4-D attention mask (None where every row is one
+    block: then plain causal attention is the same, and SDPA keeps its fused kernel)."""
     import torch
 
     L = max(len(r.ids) for r in rows)
     ids = torch.full((len(rows), L), pad, dtype=torch.long)
     pos = torch.zeros((len(rows), L), dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, : len(r.ids)] = torch.tensor(r.ids)
+        pos[b, : len(r.ids)] = torch.tensor(r.positions)
+    if all(len(r.blocks) <= 1 for r in rows):
+        return ids, pos, None
     mask = torch.zeros((len(rows), 1, L, L), dtype=torch.bool)
     for b, r in enumerate(rows):
         n = r.blocks[0][0] if r.blocks else len(r.ids)
-        ids[b, : len(r.ids)] = torch.tensor(r.ids)
-        pos[b, : len(r.ids)] = torch.tensor(r.positions)
         mask[b, 0, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
         for s, e in r.blocks:
             mask[b, 0, s:e, :n] = True
@@ -168,6 +172,15 @@ def _block_logps(head: Any, h: Any, r: Row) -> list[Any]:
     return logp
 
 
+def _forward(model: Any, rows: Sequence[Row], pad: int) -> tuple[Any, Any]:
+    """The rows' last hidden states under ``model`` (a PEFT model or a plain one), and its LM head."""
+    ids, pos, mask = _batch(rows, pad)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = base.model(input_ids=ids.to(base.device), attention_mask=None if mask is None else mask.to(base.device),
+                        position_ids=pos.to(base.device), use_cache=False).last_hidden_state
+    return hidden, base.get_output_embeddings()
+
+
 def candidate_logprobs(model: Any, tok: Any, pair: Pair, cfg: TrainConfig) -> dict[str, float]:
     """The policy's log-probability over the legal actions (constrained decoding's distribution) of
     each action in ``pair``'s soft target: what training should raise for the higher-valued ones."""
@@ -175,30 +188,19 @@ def candidate_logprobs(model: Any, tok: Any, pair: Pair, cfg: TrainConfig) -> di
 
     row = build_row(pair, tok, cfg.value_temperature, cfg.value_margin, 1 << 30)
     assert row is not None
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    ids, pos, mask = _batch([row], tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
     with torch.no_grad():
-        h = base.model(input_ids=ids.to(base.device), attention_mask=mask.to(base.device),
-                       position_ids=pos.to(base.device), use_cache=False).last_hidden_state[0]
-        logp = _block_logps(base.get_output_embeddings(), h, row)
+        hidden, head = _forward(model, [row], tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        logp = _block_logps(head, hidden[0], row)
     return {k: float(x) for k, x in zip(row.keys, logp)}
 
 
-def row_loss(model: Any, rows: Sequence[Row], pad: int) -> tuple[Any, dict[str, float]]:
-    """Mean over ``rows`` of the per-state loss, and how much of the target mass the policy's
-    distribution over legal actions gives the target argmax (``fit``: its probability, averaged)."""
+def row_loss(model: Any, rows: Sequence[Row], pad: int) -> Any:
+    """Mean over ``rows`` of the per-state loss (the module docstring's L)."""
     import torch
     import torch.nn.functional as F
 
-    ids, pos, mask = _batch(rows, pad)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    # a batch whose rows are one block each (most: the values rarely beat the label) is plain causal
-    # attention on right-padded rows, no mask needed: the fused kernel instead of an explicit 4-D mask
-    tree = any(len(r.blocks) > 1 for r in rows)
-    hidden = base.model(input_ids=ids.to(base.device), attention_mask=mask.to(base.device) if tree else None,
-                        position_ids=pos.to(base.device), use_cache=False).last_hidden_state
-    head = base.get_output_embeddings()
-    losses, fit = [], []
+    hidden, head = _forward(model, rows, pad)
+    losses = []
     for b, r in enumerate(rows):
         h = hidden[b]
         logits = head(h[r.nll]).float()
@@ -207,9 +209,7 @@ def row_loss(model: Any, rows: Sequence[Row], pad: int) -> tuple[Any, dict[str, 
         logp = _block_logps(head, h, r)
         listwise = -sum(p * lp for p, lp in zip(r.probs, logp))
         losses.append(nll + DECISION_WEIGHT * listwise)
-        best = max(range(len(r.probs)), key=lambda i: r.probs[i])
-        fit.append(float(logp[best].detach().exp()))
-    return torch.stack(losses).mean(), {"fit": sum(fit) / len(fit)}
+    return torch.stack(losses).mean()
 
 
 def train_listwise(model: Any, tok: Any, pairs: Sequence[Pair], cfg: TrainConfig, dtype: str,
@@ -246,7 +246,7 @@ def train_listwise(model: Any, tok: Any, pairs: Sequence[Pair], cfg: TrainConfig
             assert row is not None
             batch.append(row)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss, _ = row_loss(model, batch, pad)
+            loss = row_loss(model, batch, pad)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)  # as TRL's trainers (max_grad_norm 1.0)
