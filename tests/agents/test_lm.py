@@ -79,8 +79,61 @@ def test_prompt_shows_the_agents_own_last_actions(specs):
     obs = _obs(specs, steps=2)
     assert len(obs.moves) == 2
     assert build_messages(_obs(specs))[1]["content"].endswith("\nYou did: nothing yet")
-    assert build_messages(obs)[1]["content"].endswith("\nYou did: " + "; ".join(obs.moves))
+    assert build_messages(obs, "policy-v5")[1]["content"].endswith("\nYou did: " + "; ".join(obs.moves))
     assert "You did" not in build_messages(_obs(specs, steps=2), "policy-v2")[1]["content"]  # kept as it was measured
+    long = _obs(specs, "book_club-v1", seed=3, steps=9, policy="random")
+    assert len(long.moves) == 9  # the observation keeps every move; policy-v5 showed the last three
+    assert build_messages(long, "policy-v5")[1]["content"].endswith("\nYou did: " + "; ".join(long.moves[-3:]))
+
+
+def test_prompt_tallies_every_earlier_move():
+    """policy-v6: every distinct move once, first-made order, with its count, and the latest apart,
+    so a cycle of repeated moves changes the prompt at every turn."""
+    from socialworld.agents.lm.prompts import moves_text
+
+    moves = ("propose(gift, book_bundle, all)", "inquire(raj, gift)", "inquire(raj, gift)", "approach(raj)",
+             "inquire(raj, gift)", "approach(raj)")
+    assert moves_text(moves, tally=True) == ("propose(gift, book_bundle, all); inquire(raj, gift) x3; approach(raj) x2"
+                                             " (last: approach(raj))")
+    assert moves_text(moves, tally=False) == "approach(raj); inquire(raj, gift); approach(raj)"
+    assert moves_text((), tally=True) == moves_text((), tally=False) == "nothing yet"
+    shown = {moves_text(moves[:n], tally=True) for n in range(1, len(moves) + 1)}
+    assert len(shown) == len(moves)  # never the same text twice within an episode
+
+
+def test_prompt_names_the_option_the_known_wants_favour(specs):
+    """policy-v6: an open decision's line names ``favoured: <option>`` exactly when a present
+    stakeholder's wish there is known; the option is one nobody present vetoed, within the budget,
+    and no other such option scores higher (two per known preference, minus one per dislike)."""
+    from socialworld.agents.lm.prompts import favoured
+    from socialworld.agents.scripted import Beliefs
+
+    seen = set()
+    for sid in ("team_lunch-v1", "birthday_budget-v1", "book_club-v1"):
+        for seed, steps in ((seed, steps) for seed in range(1, 7) for steps in range(0, 8)):
+            obs = _obs(specs, sid, seed=seed, steps=steps, policy="random")
+            text = build_messages(obs)[1]["content"]
+            assert "favoured:" not in build_messages(obs, "policy-v5")[1]["content"]
+            b = Beliefs().update(obs)
+            for s in obs.slots:
+                if s.status != "open":
+                    continue
+                line = next(x for x in text.splitlines() if x.startswith(f"{s.id}: open"))
+                here = [h for h in s.stakeholders if obs.npc(h).present]
+                rivals = [x.id for x in s.options if x.available and not any(x.id in b.vetoes.get(h, {}).get(s.id, ()) for h in here)
+                          and (obs.budget_left is None or x.cost <= obs.budget_left)]
+
+                def score(x, here=here, s=s):
+                    return sum(2 * (b.prefers.get(h, {}).get(s.id) == x) - (x in b.dislikes.get(h, {}).get(s.id, ())) for h in here)
+
+                fav = favoured(obs, b, s)
+                assert (f"; favoured: {fav}" in line) == (fav is not None)
+                known = any(s.id in b.prefers.get(h, {}) for h in here)
+                assert (fav is not None) == (known and bool(rivals))
+                seen.add(fav is not None)
+                if fav is not None:
+                    assert fav in rivals and score(fav) == max(score(x) for x in rivals)
+    assert seen == {True, False}
 
 
 def test_prompt_shows_what_each_stakeholder_wants(specs):

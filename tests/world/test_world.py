@@ -140,7 +140,7 @@ def test_illegal_and_unparseable_are_recorded_penalised_and_change_nothing(world
     assert after["public"]["t"] == before["public"]["t"] + 2
 
 
-def test_observation_lists_the_agents_own_last_moves(world):
+def test_observation_lists_the_agents_own_moves(world):
     spec = world.spec
     assert observe(spec, world.pub).moves == ()
     world.step(A("inquire(ann, film)", "Ann, which film?"))
@@ -148,7 +148,8 @@ def test_observation_lists_the_agents_own_last_moves(world):
     world.step(None, parse_error="garbage")
     assert observe(spec, world.pub).moves == ("inquire(ann, film)", "finalize(film, pizza) (illegal)", "(unparseable)")
     world.step(A("propose(film, drama, all)", "Drama?"))
-    assert observe(spec, world.pub).moves == ("finalize(film, pizza) (illegal)", "(unparseable)", "propose(film, drama, all)")
+    assert observe(spec, world.pub).moves == ("inquire(ann, film)", "finalize(film, pizza) (illegal)", "(unparseable)",
+                                              "propose(film, drama, all)")
     assert World.restore(world.snapshot_json(), spec).pub.moves == world.pub.moves
 
 

@@ -10,6 +10,8 @@ Templates are plain ``str.format`` strings; the engine decides *which* one, neve
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 NPC_REPLIES_VERSION = "npc-replies-v1"
 CUES_VERSION = "cues-v1"
 AGENT_UTTERANCES_VERSION = "agent-utterances-v1"
@@ -101,7 +103,7 @@ repair(npc) wait() finalize(slot, option) end()"""
 
 # ---------------------------------------------------------------- language-model policy prompts
 
-POLICY_PROMPT_VERSION = "policy-v5"
+POLICY_PROMPT_VERSION = "policy-v6"
 
 # policy-v2: the scenario's static brief moved into the system message (cacheable per
 # scenario); the user message holds only the state at this step. (policy-v1 had both in the
@@ -120,6 +122,16 @@ POLICY_PROMPT_VERSION = "policy-v5"
 # worked example (about 70 fewer tokens in every prompt and training row; constrained decoding
 # enforces the format anyway). Under policy-v4 a cloned model kept re-proposing an accepted
 # option across a second tier's scenarios (docs/experiments/).
+# policy-v6: "You did:" lists every earlier move of the episode once, in the order first made, with
+# how often it was made ("inquire(raj, gift) x3") and the latest named apart ("last: ..."), and
+# an open decision's line names the option the known wants favour ("favoured: spa_voucher": two
+# for each present stakeholder known to prefer it, minus one for each known to dislike it, none
+# vetoed, within the budget; shown once someone's wish is known). Under policy-v5 the prompt
+# showed the last three moves only, so a three-move cycle (inquire, inquire, approach) left the
+# prompt unchanged but for the turn number, and the cloned policy ran such cycles to the end of its
+# budget: 201 of 297 steps of the last cycle repeated an earlier move, 91 of its 102 repeated
+# inquiries asked someone whose wish the line already showed, where the expert proposed it
+# (docs/experiments/2026-11-26-moves-and-favoured.md).
 _POLICY_SYSTEM_V2 = (
     "You organise a group decision: ask people what they want, propose options they accept, "
     "negotiate with those who refuse, finalize once all agree.\n"
@@ -137,7 +149,7 @@ _POLICY_SYSTEM_V5 = (
     "{brief}"
 )
 POLICY_SYSTEM: dict[str, str] = {"policy-v2": _POLICY_SYSTEM_V2, "policy-v3": _POLICY_SYSTEM_V2, "policy-v4": _POLICY_SYSTEM_V2,
-                                 "policy-v5": _POLICY_SYSTEM_V5}
+                                 "policy-v5": _POLICY_SYSTEM_V5, "policy-v6": _POLICY_SYSTEM_V5}
 
 # fields: obs (the state, prompts.compact), moves (the agent's own last actions, or POLICY_NO_MOVES)
 POLICY_USER: dict[str, str] = {
@@ -145,13 +157,36 @@ POLICY_USER: dict[str, str] = {
     "policy-v3": "{obs}\nYou did: {moves}",
     "policy-v4": "{obs}\nYou did: {moves}",
     "policy-v5": "{obs}\nYou did: {moves}",
+    "policy-v6": "{obs}\nYou did: {moves}",
 }
-POLICY_WANTS = {"policy-v2": False, "policy-v3": False, "policy-v4": True, "policy-v5": True}
-"""whether the version's state (prompts.compact) shows per-decision wants"""
-POLICY_AGREED = {"policy-v2": False, "policy-v3": False, "policy-v4": False, "policy-v5": True}
-"""whether the version's state says when every present stakeholder accepted a decision's proposal"""
+
+
+@dataclass(frozen=True)
+class PolicyStateView:
+    """What a prompt version's state (``agents.lm.prompts.compact``) shows beyond the basics."""
+
+    wants: bool = False
+    """each open decision says what its stakeholders are known to want (policy-v4)"""
+    agreed: bool = False
+    """a proposal every present stakeholder accepted says so (policy-v5)"""
+    favoured: bool = False
+    """each open decision names the option the known wants favour (policy-v6)"""
+    tally: bool = False
+    """"You did:" tallies every earlier move with the latest apart (policy-v6), not the last ``POLICY_LAST_MOVES``"""
+
+
+POLICY_VIEW: dict[str, PolicyStateView] = {
+    "policy-v2": PolicyStateView(),
+    "policy-v3": PolicyStateView(),
+    "policy-v4": PolicyStateView(wants=True),
+    "policy-v5": PolicyStateView(wants=True, agreed=True),
+    "policy-v6": PolicyStateView(wants=True, agreed=True, favoured=True, tally=True),
+}
+POLICY_LAST_MOVES = 3
+"""how many of the agent's latest moves "You did:" lists under a version without ``tally``"""
 POLICY_ALL_AGREE = "everyone here agrees"
 POLICY_NO_MOVES = "nothing yet"
+POLICY_FAVOURED = "favoured"
 
 # ---------------------------------------------------------------- theory-of-mind stories
 

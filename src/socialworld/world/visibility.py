@@ -25,7 +25,6 @@ from socialworld.world.spec import ScenarioSpec
 from socialworld.world.state import PublicState
 
 RECENT_LINES = 6
-RECENT_MOVES = 3
 
 # Per-field provenance of an observation: everything is read from structured public state
 # (direct) except mood cues, which are inferred signals (proxy).
@@ -101,7 +100,7 @@ def observe(spec: ScenarioSpec, pub: PublicState) -> Observation:
         announcements=tuple(pub.announcements),
         recent=tuple(pub.transcript[-RECENT_LINES:]),
         subgoals=subgoals,
-        moves=tuple(pub.moves[-RECENT_MOVES:]),
+        moves=tuple(pub.moves),  # all of them: the agent's own memory (a prompt shows what its version shows)
     )
 
 

@@ -3,18 +3,22 @@ and the strict parser of their output."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from socialworld.core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, SlotView
 from socialworld.text.reply import BELIEF_ITEM, reply_fields
 from socialworld.text.templates import (
-    POLICY_AGREED,
     POLICY_ALL_AGREE,
+    POLICY_FAVOURED,
+    POLICY_LAST_MOVES,
     POLICY_NO_MOVES,
     POLICY_PROMPT_VERSION,
     POLICY_SYSTEM,
     POLICY_USER,
-    POLICY_WANTS,
+    POLICY_VIEW,
+    PolicyStateView,
 )
 from socialworld.world.visibility import memory_text
 
@@ -43,14 +47,49 @@ def wants(b: Beliefs, slot: SlotView) -> str:
     return " ".join(f"{h}={one(h)}" for h in slot.stakeholders)
 
 
-def compact(obs: Observation, with_wants: bool = False, with_agreement: bool = False) -> str:
-    """The state at this step, short enough for small models (ids, not labels). ``with_wants``
-    (policy-v4): each open decision says what its stakeholders want, and "Known:" keeps only
-    vetoes and dislikes. ``with_agreement`` (policy-v5): a proposal every present stakeholder
-    accepted says so."""
+def favoured(obs: Observation, b: Beliefs, slot: SlotView) -> str | None:
+    """The option of ``slot`` the known wants favour (policy-v6), or None while nobody present is
+    known to prefer an option there: two points for each present stakeholder known to prefer it,
+    minus one for each known to dislike it; options a present stakeholder vetoed, unavailable ones
+    and ones over the budget left are out; ties go to the cheaper, then the first listed. Public
+    facts only (the expert's choice also weighs promises, a budget reserve and what it gave up on)."""
+    here = [h for h in slot.stakeholders if obs.npc(h).present]
+    if not any(slot.id in b.prefers.get(h, {}) for h in here):
+        return None
+    best, best_key = None, None
+    for o in slot.options:
+        if not o.available or any(o.id in b.vetoes.get(h, {}).get(slot.id, ()) for h in here):
+            continue
+        if obs.budget_left is not None and o.cost > obs.budget_left:
+            continue
+        score = sum(2 * (b.prefers.get(h, {}).get(slot.id) == o.id) - (o.id in b.dislikes.get(h, {}).get(slot.id, ())) for h in here)
+        if best_key is None or (score, -o.cost) > best_key:
+            best, best_key = o.id, (score, -o.cost)
+    return best
+
+
+def moves_text(moves: Sequence[str], tally: bool) -> str:
+    """The agent's own earlier moves as "You did:" shows them: the last ``POLICY_LAST_MOVES`` in
+    order, or (``tally``, policy-v6) every distinct move once, in the order first made, with how
+    often it was made, and the latest apart: ``propose(gift, book_bundle, all); inquire(raj, gift)
+    x2; approach(raj) (last: inquire(raj, gift))``."""
+    if not moves:
+        return POLICY_NO_MOVES
+    if not tally:
+        return "; ".join(moves[-POLICY_LAST_MOVES:])
+    counts = Counter(moves)
+    return "; ".join(m + (f" x{counts[m]}" if counts[m] > 1 else "") for m in counts) + f" (last: {moves[-1]})"
+
+
+def compact(obs: Observation, view: PolicyStateView = PolicyStateView()) -> str:
+    """The state at this step, short enough for small models (ids, not labels). What it shows
+    beyond the basics is the prompt version's ``view``: ``wants`` (policy-v4): each open decision
+    says what its stakeholders want, and "Known:" keeps only vetoes and dislikes; ``agreed``
+    (policy-v5): a proposal every present stakeholder accepted says so; ``favoured`` (policy-v6):
+    the option the known wants favour (:func:`favoured`)."""
     from socialworld.agents.scripted import Beliefs
 
-    beliefs = Beliefs().update(obs) if with_wants else None
+    beliefs = Beliefs().update(obs) if view.wants or view.favoured else None
     lines = [f"Turn {obs.step + 1}/{obs.turn_budget}."]
     if obs.budget is not None:
         lines.append(f"Budget left: {obs.budget_left:g}")
@@ -63,14 +102,16 @@ def compact(obs: Observation, with_wants: bool = False, with_agreement: bool = F
             continue
         gone = [o.id for o in s.options if not o.available]
         line = f"{s.id}: open" + (f", gone {'|'.join(gone)}" if gone else "")
-        if beliefs is not None:
+        if view.wants and beliefs is not None:
             line += f"; wants: {wants(beliefs, s)}"
+        if view.favoured and beliefs is not None and (fav := favoured(obs, beliefs, s)) is not None:
+            line += f"; {POLICY_FAVOURED}: {fav}"
         if s.proposal:
             line += f"; proposed {s.proposal}, yes: {' '.join(s.accepted_by) or '-'}, no: {' '.join(s.rejected_by) or '-'}"
-            if with_agreement and all(h in s.accepted_by for h in s.stakeholders if h in here):
+            if view.agreed and all(h in s.accepted_by for h in s.stakeholders if h in here):
                 line += f", {POLICY_ALL_AGREE}"
         lines.append(line)
-    kinds = ("vetoes", "dislikes") if with_wants else ("prefers", "vetoes", "dislikes")
+    kinds = ("vetoes", "dislikes") if view.wants else ("prefers", "vetoes", "dislikes")
     known = [f"{f.npc} {f.kind} {f.option}" for f in obs.facts if f.kind in kinds]
     if known:
         lines.append("Known: " + "; ".join(known[-8:]))
@@ -88,10 +129,10 @@ def compact(obs: Observation, with_wants: bool = False, with_agreement: bool = F
 
 
 def build_messages(obs: Observation, version: str = POLICY_PROMPT_VERSION) -> list[dict[str, str]]:
+    view = POLICY_VIEW[version]
     return [
         {"role": "system", "content": POLICY_SYSTEM[version].format(brief=brief(obs))},
-        {"role": "user", "content": POLICY_USER[version].format(obs=compact(obs, POLICY_WANTS[version], POLICY_AGREED[version]),
-                                                                moves="; ".join(obs.moves) or POLICY_NO_MOVES)},
+        {"role": "user", "content": POLICY_USER[version].format(obs=compact(obs, view), moves=moves_text(obs.moves, view.tally))},
     ]
 
 
