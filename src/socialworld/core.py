@@ -284,7 +284,7 @@ class Observation:
     memory: Memory | None = None
     """episode chains only: what the agent remembers of earlier episodes"""
     moves: tuple[str, ...] = ()
-    """the agent's own last actions this episode, oldest first, canonical form (``propose(venue,
+    """every action of the agent's own this episode, oldest first, canonical form (``propose(venue,
     park, all)``; an illegal one is marked ``(illegal)``, an unparseable reply is
     ``(unparseable)``): public, the agent knows what it did"""
 

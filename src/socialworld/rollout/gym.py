@@ -6,7 +6,7 @@ OpenEnv adapters, your own PPO).
 says so to a linter. :class:`SocialWorldEnv` also takes a scenario YAML path of your own.
 
 * **Observation**: text. ``observation="prompt"`` (default) is the user message a language-model
-  policy receives (``socialworld.agents.lm.prompts``: the compact state and the agent's own last
+  policy receives (``socialworld.agents.lm.prompts``: the compact state and the agent's own earlier
   moves; the scenario's static brief is in ``info["messages"]``, the full chat);
   ``observation="render"`` is the world's long render. Either way ``info`` holds the structured
   observation.
