@@ -110,6 +110,16 @@ class Beliefs:
                 b.vague[(f.npc, f.slot)] = 0
         return b
 
+    def vetoed(self, holders: Sequence[str], slot: str, option: str) -> bool:
+        """Someone of ``holders`` is known to have vetoed ``option`` on ``slot``."""
+        return any(option in self.vetoes.get(h, {}).get(slot, ()) for h in holders)
+
+    def want_score(self, holders: Sequence[str], slot: str, option: str) -> int:
+        """How far the known wants of ``holders`` favour ``option`` on ``slot``: two for each known
+        to prefer it, minus one for each known to dislike it."""
+        return sum(2 * (self.prefers.get(h, {}).get(slot) == option) - (option in self.dislikes.get(h, {}).get(slot, ()))
+                   for h in holders)
+
     def mental_state(self, obs: Observation) -> MentalState:
         moods = {n.id: (n.cue_bucket or "mid") for n in obs.npcs if n.present}
         return MentalState({k: dict(v) for k, v in self.prefers.items()}, moods)
@@ -304,16 +314,11 @@ class ExpertPolicy:
         for o in s.options:
             if not o.available or (s.id, o.id) in m.tried:
                 continue
-            if any(o.id in b.vetoes.get(h, {}).get(s.id, ()) for h in holders):
+            if b.vetoed(holders, s.id, o.id):
                 continue
             if obs.budget_left is not None and o.cost > obs.budget_left - _reserve(obs, s.id):
                 continue
-            score = 5.0 * promised.count(o.id)
-            for h in holders:
-                if b.prefers.get(h, {}).get(s.id) == o.id:
-                    score += 2
-                if o.id in b.dislikes.get(h, {}).get(s.id, ()):
-                    score -= 1
+            score = 5.0 * promised.count(o.id) + b.want_score(holders, s.id, o.id)
             key = (score, -o.cost)
             if best_score is None or key > best_score:
                 best, best_score = o.id, key

@@ -56,16 +56,10 @@ def favoured(obs: Observation, b: Beliefs, slot: SlotView) -> str | None:
     here = [h for h in slot.stakeholders if obs.npc(h).present]
     if not any(slot.id in b.prefers.get(h, {}) for h in here):
         return None
-    best, best_key = None, None
-    for o in slot.options:
-        if not o.available or any(o.id in b.vetoes.get(h, {}).get(slot.id, ()) for h in here):
-            continue
-        if obs.budget_left is not None and o.cost > obs.budget_left:
-            continue
-        score = sum(2 * (b.prefers.get(h, {}).get(slot.id) == o.id) - (o.id in b.dislikes.get(h, {}).get(slot.id, ())) for h in here)
-        if best_key is None or (score, -o.cost) > best_key:
-            best, best_key = o.id, (score, -o.cost)
-    return best
+    eligible = [o for o in slot.options if o.available and not b.vetoed(here, slot.id, o.id)
+                and (obs.budget_left is None or o.cost <= obs.budget_left)]
+    best = max(eligible, key=lambda o: (b.want_score(here, slot.id, o.id), -o.cost), default=None)  # first of equals
+    return None if best is None else best.id
 
 
 def moves_text(moves: Sequence[str], tally: bool) -> str:
