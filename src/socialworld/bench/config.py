@@ -24,10 +24,11 @@ replayed (up to half as many as this cycle's: no forgetting, without drowning th
 
 
 RECIPE_TRAIN = TrainConfig(method="sft", steps=130, max_epochs=3.0, batch_size=4, learning_rate=1e-3,
-                           target_modules=ALL_LINEAR, lora_upper=0.5, balance=4)
+                           target_modules=ALL_LINEAR, lora_upper=0.5, balance=2)
 """Behaviour cloning of those labels with TRL's SFTTrainer: LoRA on every linear layer of the upper
-half, lr 1e-3 (what fitted the labels, docs/design.md), each action kind weighted toward the most common one (rows repeated up to 4
-times: the cloned policy otherwise proposes where the expert negotiates or finalizes), bf16 where native."""
+half, lr 1e-3 (what fitted the labels, docs/design.md), each action kind weighted toward the most common one (rows repeated up to twice:
+unweighted, the cloned policy proposes where the expert negotiates or finalizes; up to 4 times, it
+asks, approaches and repairs where the expert proposes), bf16 where native."""
 
 
 VALUES_SLEEP = replace(RECIPE_SLEEP, values="imagined", discount=0.9, rollouts=4)

@@ -244,8 +244,12 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
         from trl import SFTConfig
 
         pairs_in, data = _count(pairs), _dataset(pairs, "sft", cfg.balance)
+        # batches of rows of about one length (transformers' LengthGroupedSampler: random chunks of 50
+        # batches, each sorted by length): a row runs 285-686 tokens, and random batches of 4 were 17%
+        # padding on the main job's last-cycle rows, against 1% sorted
         trainer = _completion_sft_trainer()(model=model, args=_args(cfg, scratch, SFTConfig, max_length=cfg.max_length,
-                                                     max_steps=planned_steps(cfg, len(data))),
+                                                     max_steps=planned_steps(cfg, len(data)),
+                                                     train_sampling_strategy="group_by_length"),
                              train_dataset=data, processing_class=tok,
                              peft_config=peft_config)
     elif cfg.method == "listwise":
