@@ -99,7 +99,7 @@ def test_a_run_of_another_pair_format_is_refused(tmp_path):
 
 def test_reuse_from_a_run_of_another_metrics_contract_is_refused(tmp_path):
     from socialworld.learn.config import LoopConfig
-    from socialworld.learn.loop import _reuse, config_doc
+    from socialworld.learn.loop import _reusable, config_doc
     from socialworld.metrics.core import ContractMismatch
 
     src = RunDir(tmp_path / "old")
@@ -110,7 +110,7 @@ def test_reuse_from_a_run_of_another_metrics_contract_is_refused(tmp_path):
     src.commit("note.txt", "test")  # a manifest: a run folder
     mine = LoopConfig(out=str(tmp_path / "new"), reuse_from=str(src.root))
     with pytest.raises(ContractMismatch, match="scored under metrics-v1"):
-        _reuse(RunDir(tmp_path / "new"), mine, config_doc(mine, {}))
+        _reusable(mine, config_doc(mine, {}))
 
 
 def test_an_input_made_again_differently_remakes_what_was_built_from_it(tmp_path):

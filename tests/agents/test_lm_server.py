@@ -63,6 +63,8 @@ BAD = {
     "json schema": {"model": "tiny", "messages": MSG, "response_format": {"type": "json_schema", "json_schema": {}}},
     "five stops": {"model": "tiny", "messages": MSG, "stop": ["a", "b", "c", "d", "e"]},
     "an unknown field": {"model": "tiny", "messages": MSG, "best_of": 3},
+    "seed 2**64": {"model": "tiny", "messages": MSG, "seed": 2**64},  # was an unhandled overflow in the server
+    "seed -2**63 - 1": {"model": "tiny", "messages": MSG, "seed": -(2**63) - 1},
 }
 
 
@@ -146,6 +148,26 @@ def test_concurrent_clients_are_batched(url, client, tiny_app):
         t.join(timeout=90)
     assert all(r is not None and r.choices[0].message.content is not None for r in results)
     assert app.state.batcher.stats.largest_batch > 1 and app.state.batcher.stats.batches - before < 8
+
+
+def test_a_bad_request_among_good_ones_fails_alone(url):
+    """Four requests leave together, one of them with a seed out of int64: it gets its 400, the
+    others their replies."""
+    bodies = [{"model": "tiny", "messages": MSG, "temperature": 0, "max_tokens": 4} for _ in range(3)]
+    bodies.insert(1, {"model": "tiny", "messages": MSG, "seed": 2**64, "max_tokens": 4})
+    codes: list = [None] * 4
+    together = threading.Barrier(4)
+
+    def ask(i):
+        together.wait()
+        codes[i] = _post(url, bodies[i])[0]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert codes == [200, 400, 200, 200]
 
 
 class Slow:

@@ -163,22 +163,37 @@ def test_play_prints_model_text_literally(monkeypatch):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["eval", "--batch-size", "-1"], "batch_size must be at least 1"),
-    (["eval", "--batch-size", "0"], "batch_size must be at least 1"),
-    (["eval", "--episodes", "0"], "episodes must be at least 1"),
-    (["loop", "--cycles", "-1"], "cycles must be at least 1"),
-    (["loop", "--train-episodes", "0"], "train_episodes must be at least 1"),
-    (["loop", "--eval-episodes", "0"], "eval_episodes must be at least 1"),
+    (["eval", "--batch-size", "-1"], "--batch-size: must be at least 1, got -1"),
+    (["eval", "--batch-size", "0"], "--batch-size: must be at least 1, got 0"),
+    (["eval", "--episodes", "0"], "--episodes: must be at least 1, got 0"),
+    (["loop", "--cycles", "-1"], "--cycles: must be at least 1, got -1"),
+    (["loop", "--train-episodes", "0"], "--train-episodes: must be at least 1, got 0"),
+    (["loop", "--eval-episodes", "0"], "--eval-episodes: must be at least 1, got 0"),
     (["loop", "--model", "bogus"], "unknown policy 'bogus'"),
     (["eval", "--policy", "bogus:x"], "unknown policy 'bogus:x'"),
     (["eval", "--policy", "bundled", "--ray", "local"], "'bundled' is a local model (run it without --ray)"),
     (["eval", "--policy", "openai:x"], "openai model spec must be openai:<model>@<http(s)://base_url>"),
     (["bench", "--model", "expert"], "model must be bundled or a model folder"),
-    (["bench", "--cycles", "0"], "cycles must be at least 1"),
-    (["foresee", "--episodes", "0"], "episodes must be at least 1"),
-    (["chain", "--length", "0"], "length must be at least 1"),
-    (["tom", "--stories", "0"], "stories must be at least 1"),
-    (["tom", "--agents", "1"], "agents must be at least 2"),
+    (["bench", "--cycles", "0"], "--cycles: must be at least 1, got 0"),
+    (["foresee", "--episodes", "0"], "--episodes: must be at least 1, got 0"),
+    (["chain", "--length", "0"], "--length: must be at least 1, got 0"),
+    (["tom", "--stories", "0"], "--stories: must be at least 1, got 0"),
+    (["tom", "--agents", "1"], "--agents: must be at least 2, got 1"),
+    # the cases an outside audit found running on, or to exit 0 (issue 42)
+    (["loop", "--lora-r", "0"], "--lora-r: must be at least 1, got 0"),
+    (["loop", "--learning-rate", "-1"], "--learning-rate: must be above 0, got -1.0"),
+    (["loop", "--max-length", "0"], "--max-length: must be at least 1, got 0"),
+    (["loop", "--rollouts", "0"], "--rollouts: must be at least 1, got 0"),
+    (["loop", "--quality-threshold", "2"], "--quality-threshold: must be in [0, 1], got 2.0"),
+    (["loop", "--max-turns", "-1"], "--max-turns: must be at least 0, got -1"),
+    (["loop", "--horizon", "0"], "--horizon: must be at least 1, got 0"),
+    (["loop", "--seed", "-1"], "--seed: must be at least 0, got -1"),
+    (["loop", "--train-seed", "-1"], "--train-seed: must be at least 0, got -1"),
+    (["loop", "--replay", "-0.5"], "--replay: must be at least 0, got -0.5"),
+    (["loop", "--method", "grpo", "--num-generations", "1"], "num_generations must be at least 2 with method grpo"),
+    (["eval", "--seed", "-1"], "--seed: must be at least 0, got -1"),
+    (["eval", "--max-endpoint-failures", "1.5"], "--max-endpoint-failures: must be in [0, 1], got 1.5"),
+    (["bench", "--seed", "-1"], "--seed: must be at least 0, got -1"),
 ])
 def test_bad_options_fail_in_one_line_before_any_work(args, says, tmp_path, monkeypatch):
     import socialworld.bench.protocol as bench_mod
@@ -289,6 +304,60 @@ def test_loop_reruns_a_stored_config(tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump(doc))
     r = runner.invoke(app, ["loop", "--config", str(path)])
     assert r.exit_code == 2 and f"{path}: unlock: 'progresive'" in " ".join(r.output.split()), r.output
+    doc["unlock"], doc["train"]["lora_r"] = "progressive", 0  # a file's value breaks the rule the option declares
+    path.write_text(yaml.safe_dump(doc))
+    r = runner.invoke(app, ["loop", "--config", str(path)])
+    assert r.exit_code == 2 and f"{path}: train.lora_r: must be at least 1, got 0" in " ".join(r.output.split()), r.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["check", "team_lunch", "--seeds", "0"], "--seeds: must be at least 1, got 0"),
+    (["check", "team_lunch", "--seeds", "-1"], "--seeds: must be at least 1, got -1"),
+    (["check", "team_lunch", "--fuzz-seeds", "-1"], "--fuzz-seeds: must be at least 0, got -1"),
+    (["serve", "--port", "70000"], "--port: must be in [1, 65535], got 70000"),
+    (["serve", "--port", "-1"], "--port: must be in [1, 65535], got -1"),
+    (["serve", "--max-new-tokens", "0"], "--max-new-tokens: must be at least 1, got 0"),
+    (["serve", "--dtype", "bogus"], "Invalid value for '--dtype'"),
+    (["play", "team_lunch", "--seed", "-1"], "--seed: must be at least 0, got -1"),
+    (["gate", "RUN", "--cycle", "0"], "--cycle: must be at least 1, got 0"),
+    (["gate", "RUN", "--threshold", "1.5"], "--threshold: must be in [0, 1], got 1.5"),
+    (["fit", "pairs.parquet", "--batch", "0"], "--batch: must be at least 1, got 0"),
+    (["export", "--policy", "x", "--out", "OUT", "--track", "bogus"], "Invalid value for '--track'"),
+])
+def test_hand_declared_options_fail_in_one_line_before_any_work(args, says, tmp_path, monkeypatch):
+    """The commands without a config dataclass check their options by the same rules, first: exit 2,
+    one line, no traceback (a bad port or seed was an exception, --max-new-tokens 0 hung the server)."""
+    import socialworld.rollout.check as check_mod
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(check_mod, "check_scenario", lambda *a, **k: pytest.fail("the check ran"))
+    r = runner.invoke(app, args)
+    flat = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 2 and says in flat and "Traceback" not in r.output, r.output
+    assert list(tmp_path.iterdir()) == [], "a bad option wrote something"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--target-modules", "nosuch"], "--target-modules: nosuch is no module of"),
+    (["--reuse-from", "MISSING"], "--reuse-from MISSING: no such folder"),
+])
+def test_the_loop_checks_model_and_folders_before_it_writes_anything(args, says, tmp_path, monkeypatch, tiny_dir):
+    """Rules that need the model or the disk run before the run folder exists: a typo in a module
+    name used to train for a minute and leave config.yaml behind, which then refused the fix."""
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["loop", "--model", str(tiny_dir), "--out", str(tmp_path / "run"), *args])
+    assert r.exit_code == 2 and says in " ".join(r.output.split()) and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_help_keeps_bracketed_text():
+    """Typer renders help as rich markup: '[scale]' and '[default: ...]' written in a field's help
+    stay in the text."""
+    import re
+
+    r = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "400"})
+    flat = re.sub(r"[\s│]+", " ", r.output)
+    assert "socialworld[scale]" in flat and "[default: runs/eval-<policy>-s<seed>]" in flat, flat
 
 
 def test_list_options_split_on_commas_but_paths_do_not(monkeypatch, tmp_path):

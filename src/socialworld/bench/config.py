@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from socialworld.agents.models import parse_model_spec
-from socialworld.config import at_least, one_of
+from socialworld.config import SHARE, at_least, check_fields
 from socialworld.learn.config import LoopConfig, SleepConfig, TrainConfig
 from socialworld.metrics.lifelong import TIERS
 from socialworld.rollout.config import RAY_HELP, check_judge, check_ray
@@ -84,18 +84,18 @@ class BenchConfig:
     proxy: str = field(default="", metadata={"help": (
         "arm C: a policy spec, e.g. openai:<model>@<url>, or a trained policy as <model>+<run folder> "
         "(default: the expert policy)")})
-    cycles: int = field(default=3, metadata={"help": "protocol cycles (cycle c unlocks the first c tiers)"})
+    cycles: int = field(default=3, metadata={"check": at_least(1), "help": "protocol cycles (cycle c unlocks the first c tiers)"})
     unlock: Literal["progressive", "adaptive", "fixed"] = field(default="progressive", metadata={
         "help": "progressive (the protocol), adaptive (unlock once the newest tier's pass rate reaches adaptive_threshold), "
                 "or fixed (static: every tier every cycle, E6)"})
-    adaptive_threshold: float = field(default=0.5, metadata={"help": "adaptive unlocking threshold"})
-    seed: int = field(default=0, metadata={"help": "run seed (evaluation, training and bootstrap seeds derive from it)"})
-    lm_batch_size: int = field(default=48, metadata={"help": "prompts per forward pass (48: the default preset's whole lockstep batch; 12 and 48 measured within noise of each other on a 2-core CPU)"})
-    resamples: int = field(default=10_000, metadata={"help": "bootstrap resamples per interval"})
+    adaptive_threshold: float = field(default=0.5, metadata={"check": SHARE, "help": "adaptive unlocking threshold"})
+    seed: int = field(default=0, metadata={"check": at_least(0), "help": "run seed (evaluation, training and bootstrap seeds derive from it)"})
+    lm_batch_size: int = field(default=48, metadata={"check": at_least(1), "help": "prompts per forward pass (48: the default preset's whole lockstep batch; 12 and 48 measured within noise of each other on a 2-core CPU)"})
+    resamples: int = field(default=10_000, metadata={"check": at_least(1), "help": "bootstrap resamples per interval"})
     scenarios: tuple[str, ...] = field(default=(), metadata={"commas": False, "help": (
         "scenario ids or YAML paths of your own (repeatable), instead of the preset's; each unlocks with its tier "
         "(the preset's budget stays)")})
-    max_endpoint_failures: float = field(default=0.2, metadata={"help": (
+    max_endpoint_failures: float = field(default=0.2, metadata={"check": SHARE, "help": (
         "an arm on an openai: endpoint (the proxy): when more than this share of its steps got no reply, the bench "
         "stops with the endpoint's error instead of scoring it (its records kept in arms/<arm>/failed-episodes.jsonl)")})
     judge: str = field(default="", metadata={"help": (
@@ -106,13 +106,9 @@ class BenchConfig:
                                                                "suite's variants (the run folder must be on storage every node sees)"})
 
     def __post_init__(self) -> None:
+        check_fields(self)
         check_ray(self.ray)
-        one_of(self, "preset", tuple(PRESETS))
-        if not 0 <= self.max_endpoint_failures <= 1:
-            raise ValueError(f"max_endpoint_failures must be in [0, 1], got {self.max_endpoint_failures!r}")
         check_judge(self.judge)
-        one_of(self, "unlock", ("progressive", "adaptive", "fixed"))
-        at_least(self, 1, "cycles", "lm_batch_size", "resamples")
         ms = parse_model_spec(self.model)  # before the run folder holds a typo
         if ms.kind not in ("bundled", "hf") or ms.adapters:
             raise ValueError(f"arms A and B train a local model: model must be bundled or a model folder (without adapters), "

@@ -19,7 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from socialworld.bench.config import BENCH_ADDED_FIELDS, BenchConfig
-from socialworld.cli.options import config_command, fail
+from socialworld.cli.options import config_command, fail, require
+from socialworld.config import SHARE, at_least, within
 from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig
 from socialworld.rollout.config import EvalConfig, help_for
 from socialworld.rundir import CONTRACT_KEY, PAIRS_KEY
@@ -151,10 +152,11 @@ def play(
     scenario: str = typer.Argument(..., help="scenario id (with or without -vN) or a YAML path"),
     policy: str = typer.Option("expert", help=H("policy")),
     adapters: str = typer.Option("", help=ADAPTERS_HELP),
-    seed: int = typer.Option(0, help="episode seed"),
+    seed: int = typer.Option(0, help="episode seed (at least 0)"),
 ) -> None:
     """Play one episode and print it readably: the five dimensions per step, replies, signals."""
     try:
+        require("--seed", seed, at_least(0))
         policy = _policy_spec(policy, adapters)
         spec = resolve_scenarios([scenario])[0]
         from socialworld.rollout.play import play_episode
@@ -224,14 +226,16 @@ config_command(app, "eval", EvalConfig, _run_eval, aliases={"scenarios": "--scen
 @app.command()
 def check(
     scenario: list[str] = typer.Argument(None, help="scenario ids or YAML paths (default: all shipped)"),
-    seeds: int = typer.Option(50, help="seeds for the oracle-solvability and leak checks"),
+    seeds: int = typer.Option(50, help="seeds for the oracle-solvability and leak checks (at least 1)"),
     fuzz_seeds: int = typer.Option(200, help="seeds of the crash fuzz (random actions; 0 skips it)"),
 ) -> None:
     """Run check_scenario (schema, oracle solvability, determinism, no hidden-value leaks, crash
     fuzz); warnings (likely mistakes) are printed and fail nothing."""
     try:
+        require("--seeds", seeds, at_least(1))
+        require("--fuzz-seeds", fuzz_seeds, at_least(0))
         specs = resolve_scenarios(scenario or None)
-    except ScenarioError as err:
+    except (ScenarioError, ValueError) as err:
         fail(str(err))
         return
     from socialworld.rollout.check import check_scenario
@@ -293,8 +297,10 @@ def gate_cmd(
     from socialworld.learn.loop import regate, stored_sleep_config
 
     try:
+        require("--cycle", cycle, at_least(1))
+        require("--threshold", threshold or [], SHARE)
         own = stored_sleep_config(run)
-    except OSError as err:
+    except (ValueError, OSError) as err:
         fail(str(err))
         return
     variants = {f"threshold {t:g}": replace(own, quality_threshold=t) for t in (threshold or [])}
@@ -320,7 +326,7 @@ def fit_cmd(
     pairs: str = typer.Argument(..., help="an action pairs Parquet file, e.g. RUN/cycle-1/sleep/pairs-action.parquet"),
     model: str = typer.Option("bundled", help="policy: expert, random, bundled, or a local model path"),
     adapter: str = typer.Option("", help="a LoRA adapter folder deployed on the action track, e.g. RUN/cycle-1/train/action/adapter"),
-    batch: int = typer.Option(16, help="states per forward pass"),
+    batch: int = typer.Option(16, help="states per forward pass (at least 1)"),
     scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=(
         "a YAML path of a scenario the pairs name (repeatable); needed only for pairs outside a run folder "
         "(a run's own scenarios are read from RUN/scenarios/)")),
@@ -331,6 +337,7 @@ def fit_cmd(
     from socialworld.learn.fit import fit_file
 
     try:
+        require("--batch", batch, at_least(1))
         f = fit_file(pairs, model, adapter or None, batch, scenarios=tuple(scenario or ()))
     except (ValueError, OSError) as err:
         fail(str(err))
@@ -552,15 +559,13 @@ def export_cmd(
     policy: str = typer.Option(..., help="a trained policy: a local model with adapters (<model>+<run folder>), or the run folder"),
     adapters: str = typer.Option("", help=ADAPTERS_HELP),
     out: Path = typer.Option(..., help="new folder for the merged model"),
-    track: str = typer.Option("action", help="the adapter merged in: action (it writes the BELIEF and ACTION lines) or dialogue"),
+    track: Literal["action", "dialogue"] = typer.Option("action", help="the adapter merged in: action (it writes the BELIEF and ACTION lines) or dialogue"),
 ) -> None:
     """Export a trained policy as one plain model folder (its adapter merged into the base weights),
     for servers without LoRA support (docs/serving.md)."""
     from socialworld.agents.models import export_merged
 
     try:
-        if track not in ("action", "dialogue"):
-            raise ValueError(f"--track must be action or dialogue, got {track!r}")
         _say(f"wrote {export_merged(_policy_spec(policy, adapters), out, track)}")
     except (ValueError, OSError) as err:
         fail(str(err))
@@ -571,19 +576,21 @@ def serve_cmd(
     model: str = typer.Option("bundled", help="model spec to serve: bundled, a local path or hub id (also its model id)"),
     adapters: str = typer.Option("", help=ADAPTERS_HELP + "; the action adapter writes the replies"),
     host: str = typer.Option("127.0.0.1", help="address to bind"),
-    port: int = typer.Option(8000, help="port"),
-    max_new_tokens: int = typer.Option(64, help="default max_tokens of a request"),
-    dtype: str = typer.Option("auto", help="auto (bfloat16 where the hardware has it natively, else float32), float32 or bfloat16"),
-    max_batch: int = typer.Option(16, help="most requests decoded together (those that arrive together, with the same sampling)"),
+    port: int = typer.Option(8000, help="port (1-65535)"),
+    max_new_tokens: int = typer.Option(64, help="default max_tokens of a request (at least 1)"),
+    dtype: Literal["auto", "float32", "bfloat16"] = typer.Option(
+        "auto", help="auto (bfloat16 where the hardware has it natively, else float32), float32 or bfloat16"),
+    max_batch: int = typer.Option(16, help="most requests decoded together (those that arrive together, with the same sampling; at least 1)"),
 ) -> None:
     """Serve a policy model over an OpenAI-compatible API (/v1/models, /v1/chat/completions): requests
     that arrive together are batched. One process, one model: for throughput at scale serve the
     model with vLLM and evaluate it as --policy openai:<model>@<url> (docs/serving.md)."""
-    from socialworld.agents.lm.server import serve
-
     try:
-        if max_batch < 1:
-            raise ValueError(f"--max-batch must be >= 1, got {max_batch}")
+        require("--port", port, within(1, 65535))
+        require("--max-new-tokens", max_new_tokens, at_least(1))
+        require("--max-batch", max_batch, at_least(1))
+        from socialworld.agents.lm.server import serve
+
         serve(_policy_spec(model, adapters), host, port, max_new_tokens, dtype, max_batch)
     except ValueError as err:
         fail(str(err))

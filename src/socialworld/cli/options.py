@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Sequence
 
 import typer
+from rich.markup import escape
+
+from socialworld.config import Bound, violation
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class Leaf:
     """a repeatable option whose values also split on commas"""
     container: type | None
     """tuple or list (or None)"""
+    check: Bound | None = None
+    """the range the field declares (``metadata["check"]``), shown in the help and checked with the option's name"""
 
 
 types_union = type(int | None)
@@ -105,7 +110,7 @@ def leaves(cls: type) -> list[Leaf]:
         else:
             kind = base
         out.append(Leaf(path, name, hint, kind, value, f.metadata.get("help", ""), choices, container is not None,
-                        container is not None and f.metadata.get("commas", True), container))
+                        container is not None and f.metadata.get("commas", True), container, f.metadata.get("check")))
     return out
 
 
@@ -117,8 +122,11 @@ def _option(leaf: Leaf, aliases: dict[str, str]) -> Any:
     help_ = leaf.help
     if leaf.choices and leaf.many:  # checked when the config is built (a repeatable option also splits on commas)
         help_ += f" (any of: {', '.join(leaf.choices)})"
+    if leaf.check is not None:
+        help_ += f" ({leaf.check})"
     shown: Any = ("none" if not leaf.default else ",".join(map(str, leaf.default))) if leaf.many else True
-    return typer.Option(leaf.default, *decls, help=help_, show_default=shown)
+    # Typer renders help as rich markup: '[scale]' or '[default: ...]' in the text would vanish as tags
+    return typer.Option(leaf.default, *decls, help=escape(help_), show_default=shown)
 
 
 def config_params(cls: type, aliases: dict[str, str] | None = None) -> list[inspect.Parameter]:
@@ -191,6 +199,9 @@ def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None 
             except ValidationError as err:
                 detail = err.errors()[0]["msg"]
                 raise ValueError(f"{config_file}: {'.'.join(leaf.path)}: {from_file!r}: {detail}") from None
+            broken = violation(v, leaf.check, None)
+            if broken:
+                raise ValueError(f"{config_file}: {'.'.join(leaf.path)}: {broken}")
         elif leaf.many and v is not None:
             v = [p for x in v for p in (str(x).split(",") if leaf.commas and isinstance(x, str) else [x]) if p != ""]
             bad = [p for p in v if leaf.choices and p not in leaf.choices]
@@ -200,6 +211,10 @@ def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None 
                 v = tuple(v)
         elif _unwrap_optional(leaf.hint)[0] is Path and v is not None:
             v = Path(v)
+        if from_file is dataclasses.MISSING:
+            broken = violation(v, leaf.check, None)
+            if broken:
+                raise ValueError(f"--{leaf.name.replace('_', '-')}: {broken}")
         flat[leaf.path] = v
 
     def make(c: type, prefix: tuple[str, ...]) -> Any:
@@ -240,6 +255,15 @@ def config_command(app: typer.Typer, name: str, cls: type, run: Callable[..., No
     command.__doc__ = run.__doc__
     command.__name__ = name
     app.command(name)(command)
+
+
+def require(option: str, value: Any, check: Bound) -> None:
+    """The rule of an option declared by hand (the commands without a config dataclass): raise
+    ``ValueError`` naming the option and the rule, before the command does any work."""
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        broken = violation(v, check, None)
+        if broken:
+            raise ValueError(f"{option}: {broken}")
 
 
 def fail(msg: str) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from socialworld.agents.models import TRACKS, parse_model_spec
-from socialworld.config import at_least
+from socialworld.config import SHARE, above, at_least, check_fields, within
 from socialworld.rollout.config import RAY_HELP, check_judge, check_ray
 
 
@@ -17,18 +17,18 @@ class PairBuild:
     gating variant, ``socialworld gate``, may change none of them)."""
 
     continuation: str = field(default="expert", metadata={"help": "policy rolled out after each counterfactual candidate"})
-    rollouts: int = field(default=2, metadata={"help": "M: continuations per candidate"})
-    horizon: int = field(default=8, metadata={"help": "steps per continuation (or until the episode ends)"})
-    discount: float = field(default=1.0, metadata={
+    rollouts: int = field(default=2, metadata={"check": at_least(1), "help": "M: continuations per candidate"})
+    horizon: int = field(default=8, metadata={"check": at_least(1), "help": "steps per continuation (or until the episode ends)"})
+    discount: float = field(default=1.0, metadata={"check": within(0, 1, low_open=True),
         "help": "gamma: a continuation's return is the sum of gamma^t times step t's reward (1: undiscounted; below 1 a "
                 "turn lost costs value, so candidates that only delay the same outcome are told apart)"})
-    max_candidates: int = field(default=12, metadata={"help": "legal alternatives scored per step (besides the taken one)"})
-    margin: float = field(default=0.05, metadata={"help": "delta: least value gap between chosen and rejected"})
-    q_margin: float = field(default=0.05, metadata={"help": "dialogue track: least q_t gap"})
+    max_candidates: int = field(default=12, metadata={"check": at_least(1), "help": "legal alternatives scored per step (besides the taken one)"})
+    margin: float = field(default=0.05, metadata={"check": at_least(0), "help": "delta: least value gap between chosen and rejected"})
+    q_margin: float = field(default=0.05, metadata={"check": at_least(0), "help": "dialogue track: least q_t gap"})
     utterance_pairs: bool = field(default=True, metadata={
         "help": "dialogue track: also pair the policy's words with the expert template's words for the same action at "
                 "each step it executed, both forked and rolled out"})
-    seed: int = field(default=0, metadata={"help": "seed of the continuation reseeds"})
+    seed: int = field(default=0, metadata={"check": at_least(0), "help": "seed of the continuation reseeds"})
     wake_chosen: Literal["best", "continuation"] = field(default="best", metadata={
         "help": "chosen side of the action pairs at the wake policy's own states: best (the best candidate by rollouts) "
                 "or continuation (what the continuation policy does at that state, fed the episode's observations "
@@ -37,7 +37,7 @@ class PairBuild:
         "help": "with wake_chosen=continuation: keep an expert label when the rollouts favour it over the policy's "
                 "action by margin (margin), or whenever it differs from the policy's action (disagree: plain DAgger; the quality threshold "
                 "does not apply to labels either)"})
-    judge_margin: float = field(default=2.0, metadata={
+    judge_margin: float = field(default=2.0, metadata={"check": above(0),
         "help": "with an LM judge: least gap in its goal score (0-10) between two episodes of the same scenario and seed "
                 "for a judge-ranked pair at their first differing turn"})
     values: Literal["off", "true", "imagined"] = field(default="off", metadata={
@@ -50,18 +50,7 @@ class PairBuild:
                 "margin worse. They reach states a weak policy's own wake never visits"})
 
     def __post_init__(self) -> None:
-        if self.wake_chosen not in ("best", "continuation"):
-            raise ValueError(f"wake_chosen must be best or continuation, got {self.wake_chosen!r}")
-        if self.label_gate not in ("margin", "disagree"):
-            raise ValueError(f"label_gate must be margin or disagree, got {self.label_gate!r}")
-        if not self.judge_margin > 0:
-            raise ValueError(f"judge_margin must be > 0 (equal scores rank nothing), got {self.judge_margin!r}")
-        if not 0 < self.discount <= 1:
-            raise ValueError(f"discount must be in (0, 1], got {self.discount!r}")
-        if self.values not in ("off", "true", "imagined"):
-            raise ValueError(f"values must be off, true or imagined, got {self.values!r}")
-        if self.reference_pairs not in ("off", "best", "own"):
-            raise ValueError(f"reference_pairs must be off, best or own, got {self.reference_pairs!r}")
+        check_fields(self)
 
     @property
     def provenance(self) -> str:
@@ -75,18 +64,15 @@ class Gating:
     variant (``socialworld gate``) may change. (Gating also reads two :class:`PairBuild` fields:
     ``label_gate``, whether labels skip the quality threshold, and ``seed``, replay's draw.)"""
 
-    quality_threshold: float = field(default=0.5, metadata={"help": "least share of paired rollouts in which chosen beats rejected"})
-    template_cap: int = field(default=6, metadata={"help": "most pairs per template key (scenario, chosen action, rejected action)"})
+    quality_threshold: float = field(default=0.5, metadata={"check": SHARE, "help": "least share of paired rollouts in which chosen beats rejected"})
+    template_cap: int = field(default=6, metadata={"check": at_least(1), "help": "most pairs per template key (scenario, chosen action, rejected action)"})
     gating: Literal["strict", "off"] = field(default="strict", metadata={"help": "strict provenance gating, or off (ablation)"})
-    replay: float = field(default=0.0, metadata={
+    replay: float = field(default=0.0, metadata={"check": at_least(0),
         "help": "replay from earlier cycles: add up to this many times this cycle's kept pairs (per track) from the "
                 "pairs earlier cycles kept, drawn by a seeded RNG (0: off)"})
 
     def __post_init__(self) -> None:
-        if self.gating not in ("strict", "off"):
-            raise ValueError(f"gating must be strict or off, got {self.gating!r}")
-        if not self.replay >= 0:
-            raise ValueError(f"replay must be >= 0, got {self.replay!r}")
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -95,8 +81,7 @@ class SleepConfig(Gating, PairBuild):
     (:class:`Gating`), one flat config (its fields are ``socialworld loop``'s options)."""
 
     def __post_init__(self) -> None:
-        PairBuild.__post_init__(self)
-        Gating.__post_init__(self)
+        check_fields(self)
 
     @property
     def build(self) -> PairBuild:
@@ -109,84 +94,78 @@ class TrainConfig:
         "dpo, sft or grpo (TRL's trainers), or listwise (the policy's distribution over legal actions fitted to soft "
         "targets from the simulator's values of every scored candidate, the belief and words by likelihood: "
         "socialworld.learn.listwise)")})
-    steps: int = field(default=30, metadata={"help": "optimizer steps"})
-    max_epochs: float = field(default=0.0, metadata={"help": (
+    steps: int = field(default=30, metadata={"check": at_least(1), "help": "optimizer steps"})
+    max_epochs: float = field(default=0.0, metadata={"check": at_least(0), "help": (
         "at most this many passes over the rows (fewer steps on a small set; 0: steps alone decide)")})
-    batch_size: int = field(default=4, metadata={"help": "pairs (or GRPO prompts x generations) per step"})
-    balance: int = field(default=0, metadata={"help": (
+    batch_size: int = field(default=4, metadata={"check": at_least(1), "help": "pairs (or GRPO prompts x generations) per step"})
+    balance: int = field(default=0, metadata={"check": at_least(0), "help": (
         "sft/dpo: repeat each action kind's rows (the kind in the chosen turn's ACTION line) round(rows of the most common kind / "
         "its rows) times, at most this many (0: the rows as they are); rows without an ACTION line count once")})
-    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate of the LoRA weights"})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
+    learning_rate: float = field(default=1e-4, metadata={"check": above(0), "help": "AdamW learning rate of the LoRA weights"})
+    lora_r: int = field(default=16, metadata={"check": at_least(1), "help": "LoRA rank"})
+    lora_alpha: int = field(default=32, metadata={"check": above(0), "help": "LoRA alpha"})
     target_modules: tuple[str, ...] = field(default=("q_proj", "k_proj", "v_proj", "o_proj"),
                                             metadata={"help": "modules that get LoRA weights"})
-    beta: float = field(default=0.1, metadata={"help": "DPO/GRPO KL strength"})
-    sft_weight: float = field(default=1.0, metadata={"help": (
+    beta: float = field(default=0.1, metadata={"check": at_least(0), "help": "DPO/GRPO KL strength"})
+    sft_weight: float = field(default=1.0, metadata={"check": at_least(0), "help": (
         "DPO: add this weight times the NLL of the chosen completion (TRL loss_type ['sigmoid', 'sft'], as in RPO); "
         "0 = plain DPO, which pushed the bundled model's mass onto an action no pair chose")})
-    max_length: int = field(default=768, metadata={"help": "truncate prompt+completion to this many tokens"})
-    num_generations: int = field(default=4, metadata={"help": "GRPO: completions per prompt"})
-    max_completion_length: int = field(default=48, metadata={"help": "GRPO: tokens per sampled completion"})
-    lora_upper: float = field(default=1.0, metadata={"help": (
+    max_length: int = field(default=768, metadata={"check": at_least(1), "help": "truncate prompt+completion to this many tokens"})
+    num_generations: int = field(default=4, metadata={"check": at_least(1), "help": "GRPO: completions per prompt"})
+    max_completion_length: int = field(default=48, metadata={"check": at_least(1), "help": "GRPO: tokens per sampled completion"})
+    lora_upper: float = field(default=1.0, metadata={"check": within(0, 1, low_open=True), "help": (
         "share of the transformer layers, counted from the top, that get LoRA (1: all; 0.5: the upper half, "
         "where the backward pass then stops)")})
     dtype: Literal["auto", "float32", "bfloat16"] = field(default="auto", metadata={"help": (
         "compute dtype: bfloat16 autocast over fp32 weights where the hardware has native bf16 (CUDA, avx512_bf16, AMX), "
         "else float32 (auto); emulated bf16 is slower than fp32")})
-    value_temperature: float = field(default=0.05, metadata={"help": (
+    value_temperature: float = field(default=0.05, metadata={"check": above(0), "help": (
         "listwise: temperature of the soft target over the candidates (in units of value)")})
-    value_margin: float = field(default=0.05, metadata={"help": (
+    value_margin: float = field(default=0.05, metadata={"check": at_least(0), "help": (
         "listwise: a candidate joins the target beside chosen only when its value beats chosen's by this much")})
-    seed: int = field(default=0, metadata={"help": "trainer seed"})
+    seed: int = field(default=0, metadata={"check": at_least(0), "help": "trainer seed"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": (
         "recompute activations in the backward pass (TRL's own default is on: it saves memory and costs time; "
         "a 135M model needs no saving)")})
 
 
     def __post_init__(self) -> None:
-        if self.method not in ("dpo", "sft", "grpo", "listwise"):
-            raise ValueError(f"training method must be dpo, sft, grpo or listwise, got {self.method!r}")
-        if not self.value_temperature > 0:
-            raise ValueError(f"value_temperature must be > 0, got {self.value_temperature!r}")
-        if not 0 < self.lora_upper <= 1:
-            raise ValueError(f"lora_upper must be in (0, 1], got {self.lora_upper!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
-        if self.steps < 1 or self.batch_size < 1 or self.max_epochs < 0:
-            raise ValueError(f"steps and batch_size must be >= 1 and max_epochs >= 0, got {self.steps}, {self.batch_size}, {self.max_epochs}")
-        if self.balance < 0:
-            raise ValueError(f"balance must be >= 0, got {self.balance!r}")
+        check_fields(self)
+        if self.method == "grpo" and self.num_generations < 2:
+            raise ValueError(f"num_generations must be at least 2 with method grpo (a group of one has no advantage), "
+                             f"got {self.num_generations}")
+        if not self.target_modules:
+            raise ValueError("target_modules must name at least one module")
 
 
 @dataclass(frozen=True)
 class LoopConfig:
     out: str = field(default="runs/loop", metadata={"help": "run folder (resumed if it exists with the same config)"})
     model: str = field(default="bundled", metadata={"help": "base model: bundled or a local folder"})
-    cycles: int = field(default=1, metadata={"help": "wake-sleep-train-deploy cycles"})
+    cycles: int = field(default=1, metadata={"check": at_least(1), "help": "wake-sleep-train-deploy cycles"})
     tiers: tuple[str, ...] = field(default=("L0",), metadata={"help": "tiers trained and evaluated"})
     scenarios: tuple[str, ...] = field(default=(), metadata={"commas": False, "help": (
         "scenario ids or YAML paths of your own (repeatable; default: the shipped scenarios of the tiers); "
         "the run stores each file's spec and is resumed by id without it")})
-    train_episodes: int = field(default=4, metadata={"help": "wake episodes per scenario per cycle (training seeds)"})
-    reference_episodes: int = field(default=0, metadata={"help": (
+    train_episodes: int = field(default=4, metadata={"check": at_least(1), "help": "wake episodes per scenario per cycle (training seeds)"})
+    reference_episodes: int = field(default=0, metadata={"check": at_least(0), "help": (
         "continuation-policy (expert) episodes per scenario per cycle on training seeds, the wake's seeds first "
         "(at least train_episodes; 0: just the wake's); with reference_pairs they give pairs at no language-model cost")})
-    eval_episodes: int = field(default=3, metadata={"help": "evaluation episodes per scenario (fixed held-out seeds)"})
-    seed: int = field(default=0, metadata={"help": "run seed"})
-    max_turns: int = field(default=0, metadata={"help": "cap every scenario's turn budget (0: the scenario's own; smoke runs)"})
-    lm_batch_size: int = field(default=12, metadata={"help": "prompts per forward pass"})
+    eval_episodes: int = field(default=3, metadata={"check": at_least(1), "help": "evaluation episodes per scenario (fixed held-out seeds)"})
+    seed: int = field(default=0, metadata={"check": at_least(0), "help": "run seed"})
+    max_turns: int = field(default=0, metadata={"check": at_least(0), "help": "cap every scenario's turn budget (0: the scenario's own; smoke runs)"})
+    lm_batch_size: int = field(default=12, metadata={"check": at_least(1), "help": "prompts per forward pass"})
     baseline: bool = field(default=True, metadata={"help": "evaluate the untrained policy first (cycle 0) and compare each cycle with it"})
     unlock: Literal["fixed", "progressive", "adaptive"] = field(default="fixed", metadata={"help": (
         "fixed: every cycle trains and evaluates all tiers; progressive: cycle c unlocks the first c tiers "
         "(ASCENT-Bench); adaptive: the next tier unlocks once the newest tier's pass rate reaches adaptive_threshold")})
-    adaptive_threshold: float = field(default=0.5, metadata={"help": "adaptive unlocking: pass rate that unlocks the next tier"})
+    adaptive_threshold: float = field(default=0.5, metadata={"check": SHARE, "help": "adaptive unlocking: pass rate that unlocks the next tier"})
     tracks: tuple[Literal["action", "dialogue"], ...] = field(default=TRACKS, metadata={"help": "tracks trained (action, dialogue)"})
     merged: bool = field(default=False, metadata={"help": "one adapter trained on both tracks' pairs, used for both (ablation E1)"})
     reuse_from: str = field(default="", metadata={"help": "copy the untrained policy's artifacts (cycle-0 eval, cycle-1 wake) from this run "
                                                        "folder instead of re-running them: ablations on the same data"})
     sleep: SleepConfig = field(default_factory=SleepConfig)
-    dialogue_steps: int = field(default=0, metadata={"help": (
+    dialogue_steps: int = field(default=0, metadata={"check": at_least(0), "help": (
         "cap on the dialogue track's optimizer steps per cycle (0: the train steps): it starts from the action "
         "adapter, which already writes the words")})
     train: TrainConfig = field(default_factory=lambda: TrainConfig(method="dpo", steps=20))
@@ -197,17 +176,14 @@ class LoopConfig:
     ray: str = field(default="", metadata={"help": RAY_HELP + " (how the run executes, not what it makes: not in config.yaml)"})
 
     def __post_init__(self) -> None:
-        if not self.tracks or set(self.tracks) - set(TRACKS):
-            raise ValueError(f"tracks must be a non-empty subset of {TRACKS}, got {self.tracks}")
-        if self.unlock not in ("fixed", "progressive", "adaptive"):
-            raise ValueError(f"unlock must be fixed, progressive or adaptive, got {self.unlock!r}")
-        at_least(self, 1, "cycles", "train_episodes", "eval_episodes", "lm_batch_size")
+        check_fields(self)
+        if not self.tracks:
+            raise ValueError(f"tracks must name at least one of {', '.join(TRACKS)}")
         check_ray(self.ray)
         ms = parse_model_spec(self.model)  # before the run folder holds a typo
         if ms.kind not in ("bundled", "hf") or ms.adapters:
             raise ValueError(f"the loop trains a local model: model must be bundled or a model folder (without adapters), "
                              f"got {self.model!r}")
-        at_least(self, 0, "reference_episodes", "dialogue_steps")
         check_judge(self.judge)
 
 

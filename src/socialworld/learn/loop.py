@@ -40,7 +40,7 @@ from socialworld.agents.models import TRACKS, parse_model_spec
 from socialworld.agents.registry import make_policy
 from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig, PairBuild, SleepConfig
 from socialworld.learn.sleep import PAIR_SCHEMA, GatingReport, read_pairs, run_sleep, screen_and_gate, write_pairs
-from socialworld.learn.train import TRAIN_RECORD, TrainRecord, grpo_rows, train_adapter
+from socialworld.learn.train import TRAIN_RECORD, TrainRecord, check_target_modules, grpo_rows, train_adapter
 from socialworld.metrics.core import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
 from socialworld.metrics.lifelong import next_unlocked, progressive_schedule
 from socialworld.metrics.stats import Interval, paired_difference
@@ -118,13 +118,15 @@ def config_doc(cfg, user_scenarios: dict[str, str]) -> dict:
     return doc | {"user_scenarios": user_scenarios, CONTRACT_KEY: METRICS_CONTRACT, PAIRS_KEY: PAIR_SCHEMA}
 
 
-def _reuse(run: RunDir, cfg: LoopConfig, mine: dict) -> None:
-    """Copy the untrained policy's artifacts from ``cfg.reuse_from``: the cycle-0 evaluation when
-    model, scenarios, eval episodes and seed match; cycle 1's wake when, besides, the training
-    episodes and cycle 1's tiers match. Each must be complete there, and made under this code's
-    policy prompt."""
+def _reusable(cfg: LoopConfig, mine: dict) -> tuple[RunDir, tuple[str, ...]]:
+    """The run folder ``cfg.reuse_from`` and the untrained policy's artifacts to copy from it (checked
+    before this run writes anything): the cycle-0 evaluation when model, scenarios, eval episodes and
+    seed match; cycle 1's wake when, besides, the training episodes and cycle 1's tiers match. Each
+    must be complete there, and made under this code's policy prompt."""
     import yaml
 
+    if not Path(cfg.reuse_from).is_dir():
+        raise ValueError(f"--reuse-from {cfg.reuse_from}: no such folder")
     if not Path(cfg.reuse_from, "manifest.json").exists():
         raise ValueError(f"--reuse-from {cfg.reuse_from}: not a run folder (no manifest.json)")
     src = RunDir(cfg.reuse_from)
@@ -155,6 +157,11 @@ def _reuse(run: RunDir, cfg: LoopConfig, mine: dict) -> None:
         if decoding.get("mode") == "constrained" and decoding.get("say_tokens") != SAY_TOKENS:
             raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} was decoded with SAY lines of {decoding.get('say_tokens')} "
                              f"tokens, this code decodes {SAY_TOKENS}, so its artifacts are not the same data")
+    return src, tuple(rels)
+
+
+def _reuse(run: RunDir, src: RunDir, rels: tuple[str, ...]) -> None:
+    """Copy artifacts ``rels`` of run folder ``src`` (:func:`_reusable`) into ``run``."""
     for rel in rels:
         run.produce(rel, f"copied:{src.root}@{src.sha(rel)[:12]}", lambda p, r=rel: shutil.copyfile(src.path(r), p))
 
@@ -220,19 +227,22 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         if held and run.produce(nxt, "wake", lambda p: write_jsonl(p, held), inputs=inputs):
             log(f"cycle {c + 1}: wake {len(held)} episodes (in cycle {c}'s evaluation rollout)")
 
-    scenarios = run_scenarios(cfg.scenarios, cfg.tiers, cfg.out)  # checked before the run folder is made
+    # every check before the run folder holds anything (not even config.yaml)
+    scenarios = run_scenarios(cfg.scenarios, cfg.tiers, cfg.out)
     check_unlockable(cfg, scenarios)
+    check_target_modules(_base_path(cfg), cfg.train.target_modules)
+    doc = config_doc(replace(cfg, scenarios=scenarios.names), scenarios.user)
+    reused = _reusable(cfg, doc) if cfg.reuse_from else None
     if cfg.ray:
         ray_init(cfg.ray)  # a wrong address fails here, before any artifact
     run = RunDir(cfg.out)
-    doc = config_doc(replace(cfg, scenarios=scenarios.names), scenarios.user)
     run.write_config(doc, may_grow=("cycles",), defaults=LOOP_ADDED_FIELDS)
     for s in scenarios.specs:
         if s.id in scenarios.user:
             run.produce(f"{SCENARIO_STORE}/{s.id}.yaml", "scenario", lambda p, s=s: atomic_write_text(p, spec_yaml(s)))
     specs = {s.id: capped(s, cfg.max_turns) for s in scenarios.specs}
-    if cfg.reuse_from:
-        _reuse(run, cfg, doc)
+    if reused is not None:
+        _reuse(run, *reused)
     adapters: dict[str, str] | None = None
     summaries: list[CycleSummary] = []
     if cfg.baseline:  # every tier that may unlock: the untrained policy is the same in every cycle

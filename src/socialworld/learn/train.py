@@ -107,6 +107,23 @@ def lora_layers(n_layers: int, upper: float) -> list[int] | None:
     return list(range(n_layers - k, n_layers))
 
 
+def check_target_modules(base_path: str | Path, modules: Sequence[str]) -> None:
+    """Raise ``ValueError`` naming each of ``modules`` (PEFT's ``target_modules``: a module's name or
+    the last parts of it) that no module of the model at ``base_path`` has, before any work (the
+    model is built on the meta device: no weights are read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(base_path)))
+    names = [n for n, _ in model.named_modules()]
+    missing = [m for m in modules if not any(n == m or n.endswith("." + m) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if not list(mod.children())})
+        raise ValueError(f"--target-modules: {', '.join(missing)} is no module of {base_path} "
+                         f"(its layers' modules: {', '.join(x for x in leaves if not x.isdigit())})")
+
+
 def planned_steps(cfg: TrainConfig, rows: int) -> int:
     """Optimizer steps for ``rows`` training rows: ``cfg.steps``, capped at ``cfg.max_epochs``
     passes over the rows (at least one step)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from socialworld.agents.models import parse_model_spec
-from socialworld.config import at_least
+from socialworld.config import SHARE, above, at_least, check_fields
 from socialworld.records import TMP_MARK
 
 RAY_HELP = ("run the parallel work as Ray tasks: '' (off: one process), 'local' (a local Ray on this machine's CPUs), "
@@ -49,21 +49,21 @@ class EvalConfig:
     scenarios: list[str] | None = field(
         default=None, metadata={"commas": False, "help": "scenario ids or YAML paths; default all shipped scenarios"}
     )
-    episodes: int = field(default=3, metadata={"help": "episodes per scenario"})
-    seed: int = field(default=0, metadata={"help": "run seed; episode seeds are derived from it"})
-    batch_size: int = field(default=64, metadata={"help": "episodes advanced in lockstep per batch"})
-    lm_batch_size: int = field(default=12, metadata={"help": "language models: prompts per forward pass (or concurrent API calls)"})
+    episodes: int = field(default=3, metadata={"check": at_least(1), "help": "episodes per scenario"})
+    seed: int = field(default=0, metadata={"check": at_least(0), "help": "run seed; episode seeds are derived from it"})
+    batch_size: int = field(default=64, metadata={"check": at_least(1), "help": "episodes advanced in lockstep per batch"})
+    lm_batch_size: int = field(default=12, metadata={"check": at_least(1), "help": "language models: prompts per forward pass (or concurrent API calls)"})
     decoding: Literal["auto", "free", "constrained"] = field(
         default="auto",
         metadata={"help": ("language models: free (parse BELIEF/ACTION/SAY), constrained (greedy under the reply grammar: "
                            "parseable by construction; for an openai: endpoint the grammar goes as a regex in vLLM's "
                            "structured_outputs field), auto (constrained for local models, free for endpoints)")},
     )
-    max_new_tokens: int = field(default=64, metadata={"help": "language models: tokens generated per free-form reply"})
+    max_new_tokens: int = field(default=64, metadata={"check": at_least(1), "help": "language models: tokens generated per free-form reply"})
     judge: str = field(default="", metadata={"help": (
         "an LM judge's model spec (off when empty): scores every episode 0-10 on goal and believability "
         "(SOTOPIA-style) from its public transcript, beside the rule metrics (source proxy, written to judge.jsonl)")})
-    request_timeout: float = field(default=60.0, metadata={"help": (
+    request_timeout: float = field(default=60.0, metadata={"check": above(0), "help": (
         "openai: endpoints: the most seconds one request may take, from connecting to the reply's last byte")})
     out: Path | None = field(
         default=None,
@@ -71,23 +71,17 @@ class EvalConfig:
     )
     overwrite: bool = field(default=False, metadata={"help": "replace the records already in the output folder"})
     ray: str = field(default="", metadata={"help": RAY_HELP + "; scripted and openai: policies only, one episode per task"})
-    max_endpoint_failures: float = field(default=0.2, metadata={"help": (
+    max_endpoint_failures: float = field(default=0.2, metadata={"check": SHARE, "help": (
         "language models: when more than this share of steps got no reply (a transport or API failure), the "
         "evaluation ends with an error instead of scores (the records are kept)")})
 
     def __post_init__(self) -> None:
+        check_fields(self)
         check_ray(self.ray)
         kind = parse_model_spec(self.policy).kind  # a typo (or adapters that are not there) fails now
         check_judge(self.judge)
         if self.ray and kind not in ("scripted", "openai"):
             raise ValueError(f"--ray spreads scripted and openai: policies; {self.policy!r} is a local model (run it without --ray)")
-        if self.decoding not in ("auto", "free", "constrained"):
-            raise ValueError(f"decoding must be auto, free or constrained, got {self.decoding!r}")
-        at_least(self, 1, "episodes", "batch_size", "lm_batch_size", "max_new_tokens")
-        if not self.request_timeout > 0:
-            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout!r}")
-        if not 0 <= self.max_endpoint_failures <= 1:
-            raise ValueError(f"max_endpoint_failures must be a share in [0, 1], got {self.max_endpoint_failures}")
 
     def out_dir(self) -> Path:
         """``out``, or ``runs/eval-<policy>-s<seed>`` with every character of the policy spec that is

@@ -64,7 +64,7 @@ class ChatRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1, strict=True)
     max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, strict=True)
+    seed: int | None = Field(None, strict=True, ge=-(2**63), le=2**63 - 1)  # int64, as OpenAI's API and torch's seed take
     n: Literal[1] = 1
     stream: Literal[False] = False
     response_format: ResponseFormat | None = None
