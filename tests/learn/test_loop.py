@@ -387,3 +387,55 @@ def test_a_loop_with_a_judge_keeps_its_pairs_out_of_the_action_track(tiny_dir, t
     logs: list[str] = []
     run_loop(cfg, log=logs.append)
     assert not any("judged" in m for m in logs)  # resumed: the judgement is not redone
+
+
+_KILL_ARGS = ["--cycles", "2", "--tiers", "L0", "--train-episodes", "1", "--eval-episodes", "1", "--lm-batch-size", "4",
+              "--rollouts", "1", "--horizon", "3", "--max-candidates", "4", "--quality-threshold", "0",
+              "--method", "dpo", "--steps", "1", "--batch-size", "2", "--max-length", "1024"]
+
+
+def _artifacts(run: Path) -> dict[str, object]:
+    """Every file of a run folder as it must be after a resume: episode records without
+    ``latency_s``; the manifest and timings left out (they hash and time the raw files)."""
+    out: dict[str, object] = {}
+    for p in sorted(run.rglob("*")):
+        if p.is_file() and p.name not in ("manifest.json", "timings.json", "socialworld.log"):
+            out[str(p.relative_to(run))] = _without_latency(p) if p.suffix == ".jsonl" and "episodes" in p.name else p.read_bytes()
+    return out
+
+
+@slow
+def test_a_run_killed_at_a_random_moment_resumes_to_the_same_artifacts(tiny_dir, tmp_path):
+    """SIGKILL at a seeded random moment of a two-cycle loop run as a command (a process of its
+    own, another hash seed than the resuming one), then the same command again: every artifact
+    equals an uninterrupted run's in the same folder. The reference adapter TRL's DPO trainer saves
+    beside the trained one held its target modules in hash-seed order, so a resumed run wrote other
+    adapter bytes and other adapter hashes into its episodes."""
+    import os
+    import random
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "socialworld.cli.main", "loop", "--model", str(tiny_dir), "--out", str(run), *_KILL_ARGS]
+
+    def env(seed: int) -> dict[str, str]:
+        return dict(os.environ, PYTHONHASHSEED=str(seed), OMP_NUM_THREADS="1")
+
+    t0 = time.perf_counter()
+    subprocess.run(cmd, env=env(1), check=True, capture_output=True)
+    whole = time.perf_counter() - t0
+    want = _artifacts(run)
+    shutil.rmtree(run)
+    at = random.Random(0).uniform(0.3, 0.9) * whole
+    p = subprocess.Popen(cmd, env=env(2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(at)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    subprocess.run(cmd, env=env(3), check=True, capture_output=True)
+    got = _artifacts(run)
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k]] == [], f"killed at {at:.1f} s of {whole:.1f} s"

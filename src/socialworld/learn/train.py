@@ -348,20 +348,23 @@ def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Se
 
 
 def canonical_adapter_config(folder: str | Path, base_path: str | Path | None = None) -> None:
-    """Rewrite a saved PEFT ``adapter_config.json`` in a canonical form: keys sorted,
-    ``target_modules`` (a set inside PEFT, saved in an order that follows Python's hash seed)
-    sorted, so the same training gives the same adapter bytes and hash in every process; and the
-    base named portably (``bundled``, not this machine's cache path: see
-    :func:`socialworld.agents.models.portable_base`)."""
+    """Rewrite every saved PEFT ``adapter_config.json`` in ``folder`` in a canonical form: keys
+    sorted, ``target_modules`` (a set inside PEFT, saved in an order that follows Python's hash
+    seed) sorted, so the same training gives the same adapter bytes and hash in every process; and
+    the base named portably (``bundled``, not this machine's cache path: see
+    :func:`socialworld.agents.models.portable_base`). That includes the adapters PEFT saves in
+    subfolders beside the trained one (TRL's DPO trainer keeps its reference as adapter ``ref``):
+    left as saved, a run resumed in a new process wrote other bytes and so other adapter hashes
+    into its episode records."""
     from socialworld.agents.models import portable_base
 
-    path = Path(folder) / "adapter_config.json"
-    doc = json.loads(path.read_text())
-    if base_path is not None:
-        doc["base_model_name_or_path"] = portable_base(base_path)
-    if isinstance(doc.get("target_modules"), list):
-        doc["target_modules"] = sorted(doc["target_modules"])
-    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    for path in sorted(Path(folder).rglob("adapter_config.json")):
+        doc = json.loads(path.read_text())
+        if base_path is not None:
+            doc["base_model_name_or_path"] = portable_base(base_path)
+        if isinstance(doc.get("target_modules"), list):
+            doc["target_modules"] = sorted(doc["target_modules"])
+        path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
 def simulator_reward(specs: dict[str, ScenarioSpec]):
