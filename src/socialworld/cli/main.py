@@ -28,6 +28,9 @@ from socialworld.swm.config import ChainConfig, ForeseeConfig, TomConfig
 from socialworld.text.templates import JUDGE_DIMENSIONS
 from socialworld.world.spec import ScenarioError, load_builtin_scenarios, resolve_scenarios
 
+COUNT, SEED, PORT = at_least(1), at_least(0), within(1, 65535)
+"""the rules of the hand-declared options (the configs' fields declare theirs in their metadata)"""
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A seeded social world for language agents.")
 console = Console()
 H = lambda name: help_for(EvalConfig, name)  # noqa: E731
@@ -152,11 +155,11 @@ def play(
     scenario: str = typer.Argument(..., help="scenario id (with or without -vN) or a YAML path"),
     policy: str = typer.Option("expert", help=H("policy")),
     adapters: str = typer.Option("", help=ADAPTERS_HELP),
-    seed: int = typer.Option(0, help="episode seed (at least 0)"),
+    seed: int = typer.Option(0, help=f"episode seed ({SEED})"),
 ) -> None:
     """Play one episode and print it readably: the five dimensions per step, replies, signals."""
     try:
-        require("--seed", seed, at_least(0))
+        require("--seed", seed, SEED)
         policy = _policy_spec(policy, adapters)
         spec = resolve_scenarios([scenario])[0]
         from socialworld.rollout.play import play_episode
@@ -226,14 +229,14 @@ config_command(app, "eval", EvalConfig, _run_eval, aliases={"scenarios": "--scen
 @app.command()
 def check(
     scenario: list[str] = typer.Argument(None, help="scenario ids or YAML paths (default: all shipped)"),
-    seeds: int = typer.Option(50, help="seeds for the oracle-solvability and leak checks (at least 1)"),
-    fuzz_seeds: int = typer.Option(200, help="seeds of the crash fuzz (random actions; 0 skips it)"),
+    seeds: int = typer.Option(50, help=f"seeds for the oracle-solvability and leak checks ({COUNT})"),
+    fuzz_seeds: int = typer.Option(200, help=f"seeds of the crash fuzz (random actions; 0 skips it; {SEED})"),
 ) -> None:
     """Run check_scenario (schema, oracle solvability, determinism, no hidden-value leaks, crash
     fuzz); warnings (likely mistakes) are printed and fail nothing."""
     try:
-        require("--seeds", seeds, at_least(1))
-        require("--fuzz-seeds", fuzz_seeds, at_least(0))
+        require("--seeds", seeds, COUNT)
+        require("--fuzz-seeds", fuzz_seeds, SEED)
         specs = resolve_scenarios(scenario or None)
     except (ScenarioError, ValueError) as err:
         fail(str(err))
@@ -286,8 +289,8 @@ config_command(app, "loop", LoopConfig, _run_loop, aliases={"scenarios": "--scen
 @app.command("gate")
 def gate_cmd(
     run: str = typer.Argument(..., help="a loop run folder (its user scenarios are read from RUN/scenarios/)"),
-    cycle: int = typer.Option(1, help="the cycle whose wake episodes are re-screened"),
-    threshold: Optional[list[float]] = typer.Option(None, "--threshold", help="a quality threshold variant (repeatable)"),
+    cycle: int = typer.Option(1, help=f"the cycle whose wake episodes are re-screened ({COUNT})"),
+    threshold: Optional[list[float]] = typer.Option(None, "--threshold", help=f"a quality threshold variant (repeatable; {SHARE})"),
     off: bool = typer.Option(True, help="include the gating-off variant"),
 ) -> None:
     """The gating ablation on the same data: rebuild a cycle's pairs from its stored wake and
@@ -297,7 +300,7 @@ def gate_cmd(
     from socialworld.learn.loop import regate, stored_sleep_config
 
     try:
-        require("--cycle", cycle, at_least(1))
+        require("--cycle", cycle, COUNT)
         require("--threshold", threshold or [], SHARE)
         own = stored_sleep_config(run)
     except (ValueError, OSError) as err:
@@ -326,7 +329,7 @@ def fit_cmd(
     pairs: str = typer.Argument(..., help="an action pairs Parquet file, e.g. RUN/cycle-1/sleep/pairs-action.parquet"),
     model: str = typer.Option("bundled", help="policy: expert, random, bundled, or a local model path"),
     adapter: str = typer.Option("", help="a LoRA adapter folder deployed on the action track, e.g. RUN/cycle-1/train/action/adapter"),
-    batch: int = typer.Option(16, help="states per forward pass (at least 1)"),
+    batch: int = typer.Option(16, help=f"states per forward pass ({COUNT})"),
     scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=(
         "a YAML path of a scenario the pairs name (repeatable); needed only for pairs outside a run folder "
         "(a run's own scenarios are read from RUN/scenarios/)")),
@@ -337,7 +340,7 @@ def fit_cmd(
     from socialworld.learn.fit import fit_file
 
     try:
-        require("--batch", batch, at_least(1))
+        require("--batch", batch, COUNT)
         f = fit_file(pairs, model, adapter or None, batch, scenarios=tuple(scenario or ()))
     except (ValueError, OSError) as err:
         fail(str(err))
@@ -576,19 +579,19 @@ def serve_cmd(
     model: str = typer.Option("bundled", help="model spec to serve: bundled, a local path or hub id (also its model id)"),
     adapters: str = typer.Option("", help=ADAPTERS_HELP + "; the action adapter writes the replies"),
     host: str = typer.Option("127.0.0.1", help="address to bind"),
-    port: int = typer.Option(8000, help="port (1-65535)"),
-    max_new_tokens: int = typer.Option(64, help="default max_tokens of a request (at least 1)"),
+    port: int = typer.Option(8000, help=f"port ({PORT})"),
+    max_new_tokens: int = typer.Option(64, help=f"default max_tokens of a request ({COUNT})"),
     dtype: Literal["auto", "float32", "bfloat16"] = typer.Option(
         "auto", help="auto (bfloat16 where the hardware has it natively, else float32), float32 or bfloat16"),
-    max_batch: int = typer.Option(16, help="most requests decoded together (those that arrive together, with the same sampling; at least 1)"),
+    max_batch: int = typer.Option(16, help=f"most requests decoded together (those that arrive together, with the same sampling; {COUNT})"),
 ) -> None:
     """Serve a policy model over an OpenAI-compatible API (/v1/models, /v1/chat/completions): requests
     that arrive together are batched. One process, one model: for throughput at scale serve the
     model with vLLM and evaluate it as --policy openai:<model>@<url> (docs/serving.md)."""
     try:
-        require("--port", port, within(1, 65535))
-        require("--max-new-tokens", max_new_tokens, at_least(1))
-        require("--max-batch", max_batch, at_least(1))
+        require("--port", port, PORT)
+        require("--max-new-tokens", max_new_tokens, COUNT)
+        require("--max-batch", max_batch, COUNT)
         from socialworld.agents.lm.server import serve
 
         serve(_policy_spec(model, adapters), host, port, max_new_tokens, dtype, max_batch)

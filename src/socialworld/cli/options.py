@@ -199,9 +199,6 @@ def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None 
             except ValidationError as err:
                 detail = err.errors()[0]["msg"]
                 raise ValueError(f"{config_file}: {'.'.join(leaf.path)}: {from_file!r}: {detail}") from None
-            broken = violation(v, leaf.check, None)
-            if broken:
-                raise ValueError(f"{config_file}: {'.'.join(leaf.path)}: {broken}")
         elif leaf.many and v is not None:
             v = [p for x in v for p in (str(x).split(",") if leaf.commas and isinstance(x, str) else [x]) if p != ""]
             bad = [p for p in v if leaf.choices and p not in leaf.choices]
@@ -211,10 +208,10 @@ def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None 
                 v = tuple(v)
         elif _unwrap_optional(leaf.hint)[0] is Path and v is not None:
             v = Path(v)
-        if from_file is dataclasses.MISSING:
-            broken = violation(v, leaf.check, None)
-            if broken:
-                raise ValueError(f"--{leaf.name.replace('_', '-')}: {broken}")
+        broken = violation(v, leaf.check, None)
+        if broken:  # named as the user gave it: the file and the key, or the option
+            where = f"--{leaf.name.replace('_', '-')}" if from_file is dataclasses.MISSING else f"{config_file}: {'.'.join(leaf.path)}"
+            raise ValueError(f"{where}: {broken}")
         flat[leaf.path] = v
 
     def make(c: type, prefix: tuple[str, ...]) -> Any:
