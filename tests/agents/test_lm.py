@@ -141,7 +141,7 @@ def test_prompt_shows_what_each_stakeholder_wants(specs):
     for sid in ("team_lunch-v1", "activity_debrief-v1"):
         for seed, steps in ((seed, steps) for seed in range(1, 9) for steps in range(0, 6)):
             obs = _obs(specs, sid, seed=seed, steps=steps, policy="random")  # random play inquires: every case occurs
-            text = build_messages(obs, "policy-v6")[1]["content"]
+            text = build_messages(obs)[1]["content"]
             assert "wants:" not in build_messages(obs, "policy-v3")[1]["content"]
             for s in obs.slots:
                 if s.status != "open":
@@ -161,46 +161,6 @@ def test_prompt_shows_what_each_stakeholder_wants(specs):
                         assert said[h] == (f"vague{n}" if n else "?")
                     seen.add(said[h][:5] if said[h].startswith("vague") else "?" if said[h] == "?" else "known")
     assert seen >= {"?", "known", "vague"}  # every case was checked
-
-
-def test_prompt_lists_each_stakeholder_with_all_that_is_known_of_it(specs):
-    """policy-v7: an open decision's line names every stakeholder once, in the spec's order: one who
-    is away as ``away``; one who is here with its known wish (the expert's inference, as policy-v6's
-    ``wants``), its answer to the proposal on the table and how often the agent asked it about the
-    decision; "Known:" names each fact once."""
-    from socialworld.agents.lm.prompts import want
-    from socialworld.agents.scripted import Beliefs
-
-    seen: set[str] = set()
-    for sid in ("team_lunch-v1", "birthday_budget-v1", "book_club-v1", "charity_fundraising-v1"):
-        for seed, steps in ((seed, steps) for seed in range(1, 6) for steps in (0, 3, 6, 10)):
-            obs = _obs(specs, sid, seed=seed, steps=steps, policy="random")
-            text = build_messages(obs, "policy-v7")[1]["content"]
-            b = Beliefs().update(obs)
-            known = next((x for x in text.splitlines() if x.startswith("Known: ")), None)
-            if known is not None:
-                facts = known.removeprefix("Known: ").split("; ")
-                assert len(facts) == len(set(facts))
-            for s in obs.slots:
-                if s.status != "open":
-                    continue
-                line = next(x for x in text.splitlines() if x.startswith(f"{s.id}: open"))
-                entries = line.split("; people: ")[1].split(", ")
-                assert [e.split()[0] for e in entries] == list(s.stakeholders)
-                assert (f"; proposed {s.proposal}" in line) == (s.proposal is not None)
-                for h, e in zip(s.stakeholders, entries):
-                    words = e.split()
-                    if not obs.npc(h).present:
-                        assert words == [h, "away"]
-                        seen.add("away")
-                        continue
-                    assert words[1] == want(b, s.id, h)
-                    answer = "yes" if s.proposal and h in s.accepted_by else "no" if s.proposal and h in s.rejected_by else None
-                    assert (answer in words[2:]) if answer else not {"yes", "no"} & set(words[2:])
-                    n = obs.moves.count(f"inquire({h}, {s.id})")
-                    assert words[-1] == ("asked" if n == 1 else f"asked{n}") if n else not words[-1].startswith("asked")
-                    seen.update({"asked"} if n else set(), {answer or "unanswered"}, {"?" if words[1] == "?" else "wish"})
-    assert seen >= {"asked", "yes", "no", "unanswered", "?", "wish"}  # every case was checked
 
 
 def test_program_offers_exactly_the_legal_actions(specs):

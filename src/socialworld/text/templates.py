@@ -103,7 +103,7 @@ repair(npc) wait() finalize(slot, option) end()"""
 
 # ---------------------------------------------------------------- language-model policy prompts
 
-POLICY_PROMPT_VERSION = "policy-v7"
+POLICY_PROMPT_VERSION = "policy-v6"
 
 # policy-v2: the scenario's static brief moved into the system message (cacheable per
 # scenario); the user message holds only the state at this step. (policy-v1 had both in the
@@ -132,12 +132,6 @@ POLICY_PROMPT_VERSION = "policy-v7"
 # budget: 201 of 297 steps of the last cycle repeated an earlier move, 91 of its 102 repeated
 # inquiries asked someone whose wish the line already showed, where the expert proposed it
 # (docs/experiments/2026-11-26-moves-and-favoured.md).
-# policy-v7: each open decision lists its present stakeholders one by one, each with what it is known to
-# want, its answer to the proposal on the table and how often it was asked about the decision
-# (``tom thriller no asked2``), instead of a list of wants and separate yes/no lists; "Known:" names
-# each veto and dislike once. Under policy-v6 the cloned policy asked again and again someone who
-# had said no and whose wish the same line showed, where the expert proposes the favoured option
-# (70 of 145 of its second-tier steps): the three facts the expert's rule joins sat in three places.
 _POLICY_SYSTEM_V2 = (
     "You organise a group decision: ask people what they want, propose options they accept, "
     "negotiate with those who refuse, finalize once all agree.\n"
@@ -155,8 +149,7 @@ _POLICY_SYSTEM_V5 = (
     "{brief}"
 )
 POLICY_SYSTEM: dict[str, str] = {"policy-v2": _POLICY_SYSTEM_V2, "policy-v3": _POLICY_SYSTEM_V2, "policy-v4": _POLICY_SYSTEM_V2,
-                                 "policy-v5": _POLICY_SYSTEM_V5, "policy-v6": _POLICY_SYSTEM_V5,
-                                 "policy-v7": _POLICY_SYSTEM_V5}
+                                 "policy-v5": _POLICY_SYSTEM_V5, "policy-v6": _POLICY_SYSTEM_V5}
 
 # fields: obs (the state, prompts.compact), moves (the agent's own last actions, or POLICY_NO_MOVES)
 POLICY_USER: dict[str, str] = {
@@ -165,7 +158,6 @@ POLICY_USER: dict[str, str] = {
     "policy-v4": "{obs}\nYou did: {moves}",
     "policy-v5": "{obs}\nYou did: {moves}",
     "policy-v6": "{obs}\nYou did: {moves}",
-    "policy-v7": "{obs}\nYou did: {moves}",
 }
 
 
@@ -181,9 +173,6 @@ class PolicyStateView:
     """each open decision names the option the known wants favour (policy-v6)"""
     tally: bool = False
     """"You did:" tallies every earlier move with the latest apart (policy-v6), not the last ``POLICY_LAST_MOVES``"""
-    people: bool = False
-    """each open decision lists its present stakeholders, each with its known wish, its answer to the
-    proposal on the table and how often it was asked (policy-v7); "Known:" names each fact once"""
 
 
 POLICY_VIEW: dict[str, PolicyStateView] = {
@@ -192,7 +181,6 @@ POLICY_VIEW: dict[str, PolicyStateView] = {
     "policy-v4": PolicyStateView(wants=True),
     "policy-v5": PolicyStateView(wants=True, agreed=True),
     "policy-v6": PolicyStateView(wants=True, agreed=True, favoured=True, tally=True),
-    "policy-v7": PolicyStateView(wants=True, agreed=True, favoured=True, tally=True, people=True),
 }
 POLICY_LAST_MOVES = 3
 """how many of the agent's latest moves "You did:" lists under a version without ``tally``"""

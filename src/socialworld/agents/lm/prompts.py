@@ -37,16 +37,14 @@ def brief(obs: Observation) -> str:
     return "\n".join(lines)
 
 
-def want(b: Beliefs, slot: str, npc: str) -> str:
-    """What ``npc`` is known to want on ``slot``, from beliefs built on the public fact log (the
-    expert's inference): its preferred option, ``vague<n>`` after n vague answers only, or ``?``."""
-    n = b.vague[(npc, slot)]
-    return b.prefers.get(npc, {}).get(slot) or (f"vague{n}" if n else "?")
-
-
 def wants(b: Beliefs, slot: SlotView) -> str:
-    """What each stakeholder of ``slot`` is known to want (:func:`want`): ``dev=hiking mia=? omar=vague2``."""
-    return " ".join(f"{h}={want(b, slot.id, h)}" for h in slot.stakeholders)
+    """What each stakeholder of ``slot`` is known to want, from beliefs built on the public fact
+    log (the expert's inference): its preferred option, ``vague<n>`` after n vague answers only, or ``?``."""
+    def one(h: str) -> str:
+        n = b.vague[(h, slot.id)]
+        return b.prefers.get(h, {}).get(slot.id) or (f"vague{n}" if n else "?")
+
+    return " ".join(f"{h}={one(h)}" for h in slot.stakeholders)
 
 
 def favoured(obs: Observation, b: Beliefs, slot: SlotView) -> str | None:
@@ -62,36 +60,6 @@ def favoured(obs: Observation, b: Beliefs, slot: SlotView) -> str | None:
                 and (obs.budget_left is None or o.cost <= obs.budget_left)]
     best = max(eligible, key=lambda o: (b.want_score(here, slot.id, o.id), -o.cost), default=None)  # first of equals
     return None if best is None else best.id
-
-
-def people_text(obs: Observation, b: Beliefs, slot: SlotView, here: set[str]) -> str:
-    """The rest of an open decision's line under policy-v7: the proposal on the table (and whether
-    everyone here agrees), the favoured option (:func:`favoured`), then each stakeholder once: its
-    known wish (as :func:`wants`), its answer to the proposal (``yes``, ``no``, nothing while it has
-    not answered) and how often the agent asked it about this decision (``asked``, ``asked2``, ...);
-    one who is not here is ``away``. ``; proposed classic; favoured: thriller; people: priya ? yes,
-    tom thriller no asked, leo ? yes, grace away``."""
-    out = ""
-    if slot.proposal:
-        out += f"; proposed {slot.proposal}"
-        if all(h in slot.accepted_by for h in slot.stakeholders if h in here):
-            out += f", {POLICY_ALL_AGREE}"
-    if (fav := favoured(obs, b, slot)) is not None:
-        out += f"; {POLICY_FAVOURED}: {fav}"
-    asked = Counter(m for m in obs.moves if m.startswith("inquire("))
-    entries = []
-    for h in slot.stakeholders:
-        if h not in here:
-            entries.append(f"{h} away")
-            continue
-        entry = f"{h} {want(b, slot.id, h)}"
-        if slot.proposal and h in slot.accepted_by:
-            entry += " yes"
-        elif slot.proposal and h in slot.rejected_by:
-            entry += " no"
-        n = asked[f"inquire({h}, {slot.id})"]
-        entries.append(entry + (" asked" if n == 1 else f" asked{n}" if n else ""))
-    return out + "; people: " + ", ".join(entries)
 
 
 def moves_text(moves: Sequence[str], tally: bool) -> str:
@@ -112,8 +80,7 @@ def compact(obs: Observation, view: PolicyStateView = PolicyStateView()) -> str:
     beyond the basics is the prompt version's ``view``: ``wants`` (policy-v4): each open decision
     says what its stakeholders want, and "Known:" keeps only vetoes and dislikes; ``agreed``
     (policy-v5): a proposal every present stakeholder accepted says so; ``favoured`` (policy-v6):
-    the option the known wants favour (:func:`favoured`); ``people`` (policy-v7): each stakeholder
-    once, with all that is known of it about the decision (:func:`people_text`)."""
+    the option the known wants favour (:func:`favoured`)."""
     from socialworld.agents.scripted import Beliefs
 
     beliefs = Beliefs().update(obs) if view.wants or view.favoured else None
@@ -129,9 +96,6 @@ def compact(obs: Observation, view: PolicyStateView = PolicyStateView()) -> str:
             continue
         gone = [o.id for o in s.options if not o.available]
         line = f"{s.id}: open" + (f", gone {'|'.join(gone)}" if gone else "")
-        if view.people and beliefs is not None:
-            lines.append(line + people_text(obs, beliefs, s, here))
-            continue
         if view.wants and beliefs is not None:
             line += f"; wants: {wants(beliefs, s)}"
         if view.favoured and beliefs is not None and (fav := favoured(obs, beliefs, s)) is not None:
@@ -143,8 +107,6 @@ def compact(obs: Observation, view: PolicyStateView = PolicyStateView()) -> str:
         lines.append(line)
     kinds = ("vetoes", "dislikes") if view.wants else ("prefers", "vetoes", "dislikes")
     known = [f"{f.npc} {f.kind} {f.option}" for f in obs.facts if f.kind in kinds]
-    if view.people:
-        known = list(dict.fromkeys(known))
     if known:
         lines.append("Known: " + "; ".join(known[-8:]))
     open_conflicts = [c for c in obs.conflicts if not c.resolved]
