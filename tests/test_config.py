@@ -29,9 +29,9 @@ class _Cfg:
 
 
 @pytest.mark.parametrize("kw, says", [
-    ({"n": 0}, "n must be at least 1, got 0"),
-    ({"kind": "c"}, "kind must be one of a, b, got 'c'"),
-    ({"kinds": ("a", "c")}, "kinds must be one of a, b, got 'c'"),
+    ({"n": 0}, "n: must be at least 1, got 0"),
+    ({"kind": "c"}, "kind: must be one of a, b, got 'c'"),
+    ({"kinds": ("a", "c")}, "kinds: must be one of a, b, got 'c'"),
 ])
 def test_check_fields_names_the_field_and_its_rule(kw, says):
     with pytest.raises(ValueError, match=f"^{says}$"):
@@ -56,3 +56,15 @@ def test_every_config_field_that_counts_declares_a_range():
         bare += [f"{cls.__name__}.{f.name}" for f in dataclasses.fields(cls)
                  if hints[f.name] in (int, float) and "check" not in f.metadata]
     assert bare == []
+
+
+def test_a_rule_relating_fields_names_each_as_the_caller_calls_it():
+    """FieldError: Python names fields, the command line options, a file its keys; a value with
+    braces in the rule is quoted as it is."""
+    from socialworld.config import FieldError
+
+    err = FieldError("num_generations", "must be at least 2 with {method} grpo, got {1}", related=("method",))
+    assert str(err) == "num_generations: must be at least 2 with method grpo, got {1}"
+    assert err.named({"num_generations": "--num-generations", "method": "--method"}) == (
+        "--num-generations: must be at least 2 with --method grpo, got {1}")
+    assert isinstance(err, ValueError)

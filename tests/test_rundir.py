@@ -48,6 +48,11 @@ def test_produce_commit_and_resume(tmp_path):
         again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0, "x": 0}}, defaults={"train": {"x": 1}})
     with pytest.raises(ValueError, match="different config"):
         again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0}, "new": 0})
+    # where the folder is, is not what it makes: runs/r/ or a moved folder resumes (the rest still compared)
+    again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0}, "out": "runs/r"})
+    again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0}, "out": "./elsewhere/r/"})
+    with pytest.raises(ValueError, match="different config"):
+        again.write_config({"cycles": 4, "train": {"lr": 1, "w": 1.0}, "out": "runs/r"})
     with pytest.raises(ValueError, match="inputs not in the manifest"):
         again.produce("b.txt", "x", write_file, inputs=["nope"])
     assert not (tmp_path / "r" / "b.txt").exists()

@@ -31,20 +31,26 @@ class Bound:
     high_open: bool = False
 
     def holds(self, value: Any) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
         return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
 
     def __str__(self) -> str:
+        low, high = _number(self.low), _number(self.high)
         if self.low is not None and self.high is not None:
-            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
         if self.low is not None:
-            return f"{'above' if self.low_open else 'at least'} {self.low:g}"
+            return f"{'above' if self.low_open else 'at least'} {low}"
         if self.high is not None:
-            return f"{'below' if self.high_open else 'at most'} {self.high:g}"
+            return f"{'below' if self.high_open else 'at most'} {high}"
         return "a number"
+
+
+def _number(x: float | None) -> str:
+    """An int in full (``4294967295``, not ``4.29497e+09``), a float as ``%g``."""
+    return str(x) if x is None or isinstance(x, int) else f"{x:g}"
 
 
 def at_least(low: float) -> Bound:
@@ -93,18 +99,38 @@ def violation(value: Any, check: Bound | None, choices: tuple[Any, ...] | None) 
         return next((m for m in (violation(v, None, choices) for v in value) if m), None)
     if choices is not None and value not in choices:
         return f"must be one of {', '.join(map(str, choices))}, got {value!r}"
+    if check is not None and isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number {check}, got {value!r}"
     if check is not None and not check.holds(value):
         return f"must be {check}, got {value!r}"
     return None
 
 
+class FieldError(ValueError):
+    """A rule beyond a field's own range broken (one that relates fields, or needs the value parsed):
+    ``field`` names the field, and ``rule`` may name ``related`` fields as ``{name}``, so the command
+    line names its options (``--num-generations: must be at least 2 with --method grpo``), a config
+    file its keys, and Python the field names."""
+
+    def __init__(self, field: str, rule: str, related: tuple[str, ...] = ()) -> None:
+        self.field, self.rule, self.related = field, rule, related
+        super().__init__(self.named({f: f for f in (field, *related)}))
+
+    def named(self, names: dict[str, str]) -> str:
+        """The message with each field called by ``names[field]``."""
+        rule = self.rule
+        for f in self.related:  # not str.format: the rule may quote a value with braces in it
+            rule = rule.replace("{" + f + "}", names[f])
+        return f"{names[self.field]}: {rule}"
+
+
 def check_fields(cfg: Any) -> None:
-    """Raise ``ValueError`` naming the first field of dataclass ``cfg`` whose value breaks its
+    """Raise :class:`FieldError` naming the first field of dataclass ``cfg`` whose value breaks its
     declared rule: a ``Literal``'s choices, a range in ``metadata["check"]`` (nested configs check
     themselves when they are built)."""
     cls: type = type(cfg)
     for name, check, choices in _rules(cls):
         msg = violation(getattr(cfg, name), check, choices)
         if msg:
-            raise ValueError(f"{name} {msg}")
+            raise FieldError(name, msg)
 

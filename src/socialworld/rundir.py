@@ -40,6 +40,9 @@ PAIRS_KEY = "pair_schema"
 """the config key naming the format of a run's training pairs (a stored config without it: pair-v1,
 whose action turns end at the ACTION line)"""
 LEGACY_PAIRS = "pair-v1"
+LOCATION_KEYS = ("out",)
+"""config keys that say where the run folder is, not what it makes: never compared on resume (the
+folder is where ``config.yaml`` lies; ``runs/a/``, ``./runs/a`` or a moved folder resume as ``runs/a``)"""
 TIMINGS = "timings.json"
 """wall seconds each artifact took to make, by its path: a side file, not an artifact (times are
 not reproducible, the artifacts are)"""
@@ -123,7 +126,8 @@ class RunDir:
     def write_config(self, config: dict[str, Any], may_grow: Sequence[str] = (), defaults: dict[str, Any] | None = None) -> None:
         """Write ``config.yaml``; a resumed run must have the same config (else a clear error),
         except that the top-level integer fields named in ``may_grow`` may increase (a finished
-        loop extended by more cycles: the earlier artifacts do not depend on the later ones).
+        loop extended by more cycles: the earlier artifacts do not depend on the later ones) and
+        ``LOCATION_KEYS`` are not compared.
         A field the stored config lacks (added to the code since) counts as its value in
         ``defaults``, at any depth. Called when a run starts (or resumes): it then removes the
         temporary names a killed run left (:func:`remove_leftovers`) — not when a folder is only
@@ -140,9 +144,10 @@ class RunDir:
             if theirs != ours:
                 raise ValueError(f"{path}: this run's training pairs are {theirs}, this version writes {ours}; "
                                  "pairs of different formats are never mixed (replay, resumed training): use a new run folder")
-            grown = [k for k in may_grow if isinstance(old.get(k), int) and isinstance(new.get(k), int) and new[k] > old[k]]
-            if {k: v for k, v in old.items() if k not in grown} != {k: v for k, v in new.items() if k not in grown}:
-                differ = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in _differences(old, new, grown))
+            skip = [k for k in may_grow if isinstance(old.get(k), int) and isinstance(new.get(k), int) and new[k] > old[k]]
+            skip += LOCATION_KEYS  # where the folder is, not what it makes
+            if {k: v for k, v in old.items() if k not in skip} != {k: v for k, v in new.items() if k not in skip}:
+                differ = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in _differences(old, new, skip))
                 raise ValueError(f"{path} exists with a different config ({differ}): resume with the same settings "
                                  "or use a new run folder")
         atomic_write_text(path, text)

@@ -358,6 +358,10 @@ def test_eval_against_a_dead_endpoint_ends_with_an_error_not_scores(tmp_path, mo
     text = " ".join(r.output.split())
     assert r.exit_code == 2 and "gave no reply on 100% of the steps" in text and "cannot reach" in text and "after 3 attempts" in text
     assert (tmp_path / "e" / "episodes.jsonl").exists() and not (tmp_path / "e" / "metrics.json").exists()  # records kept, no scores
+    (tmp_path / "e" / "judge.jsonl").write_text("an earlier evaluation's judgement\n")  # --overwrite: not these records'
+    r = CliRunner().invoke(app, ["eval", "--policy", spec, "--scenario", "team_lunch", "--episodes", "1", "--out", str(tmp_path / "e"),
+                                 "--overwrite"])
+    assert r.exit_code == 2 and not (tmp_path / "e" / "judge.jsonl").exists() and not (tmp_path / "e" / "metrics.json").exists()
 
 
 REPLIES = {

@@ -171,9 +171,11 @@ def test_play_prints_model_text_literally(monkeypatch):
     (["loop", "--eval-episodes", "0"], "--eval-episodes: must be at least 1, got 0"),
     (["loop", "--model", "bogus"], "unknown policy 'bogus'"),
     (["eval", "--policy", "bogus:x"], "unknown policy 'bogus:x'"),
-    (["eval", "--policy", "bundled", "--ray", "local"], "'bundled' is a local model (run it without --ray)"),
+    (["eval", "--policy", "bundled", "--ray", "local"], "--policy: 'bundled' is a local model; --ray spreads scripted and openai"),
     (["eval", "--policy", "openai:x"], "openai model spec must be openai:<model>@<http(s)://base_url>"),
-    (["bench", "--model", "expert"], "model must be bundled or a model folder"),
+    (["bench", "--model", "expert"], "--model: must be bundled or a model folder"),
+    (["bench", "--proxy", "bundled", "--ray", "local"], "--proxy: 'bundled' is a local model; --ray spreads"),
+    (["loop", "--model", "expert"], "--model: must be bundled or a model folder"),
     (["bench", "--cycles", "0"], "--cycles: must be at least 1, got 0"),
     (["foresee", "--episodes", "0"], "--episodes: must be at least 1, got 0"),
     (["chain", "--length", "0"], "--length: must be at least 1, got 0"),
@@ -188,10 +190,16 @@ def test_play_prints_model_text_literally(monkeypatch):
     (["loop", "--max-turns", "-1"], "--max-turns: must be at least 0, got -1"),
     (["loop", "--horizon", "0"], "--horizon: must be at least 1, got 0"),
     (["loop", "--seed", "-1"], "--seed: must be at least 0, got -1"),
-    (["loop", "--train-seed", "-1"], "--train-seed: must be at least 0, got -1"),
+    (["loop", "--train-seed", "-1"], "--train-seed: must be in [0, 4294967295], got -1"),
     (["loop", "--replay", "-0.5"], "--replay: must be at least 0, got -0.5"),
-    (["loop", "--method", "grpo", "--num-generations", "1"], "num_generations must be at least 2 with method grpo"),
+    (["loop", "--method", "grpo", "--num-generations", "1"], "--num-generations: must be at least 2 with --method grpo"),
     (["eval", "--seed", "-1"], "--seed: must be at least 0, got -1"),
+    # found on the way: a number that is no number, a seed numpy refuses, a typo in the continuation
+    (["loop", "--learning-rate", "inf"], "--learning-rate: must be a finite number above 0, got inf"),
+    (["loop", "--max-epochs", "inf"], "--max-epochs: must be a finite number at least 0, got inf"),
+    (["loop", "--replay", "nan"], "--replay: must be a finite number at least 0, got nan"),
+    (["loop", "--train-seed", "4294967296"], "--train-seed: must be in [0, 4294967295], got 4294967296"),
+    (["loop", "--continuation", "expret"], "Invalid value for '--continuation'"),
     (["eval", "--max-endpoint-failures", "1.5"], "--max-endpoint-failures: must be in [0, 1], got 1.5"),
     (["bench", "--seed", "-1"], "--seed: must be at least 0, got -1"),
 ])
@@ -308,6 +316,18 @@ def test_loop_reruns_a_stored_config(tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump(doc))
     r = runner.invoke(app, ["loop", "--config", str(path)])
     assert r.exit_code == 2 and f"{path}: train.lora_r: must be at least 1, got 0" in " ".join(r.output.split()), r.output
+    doc["train"]["lora_r"], doc["train"]["method"], doc["train"]["num_generations"] = 16, "grpo", 1  # a rule relating fields
+    path.write_text(yaml.safe_dump(doc))
+    r = runner.invoke(app, ["loop", "--config", str(path)])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and f"{path}: train.num_generations: must be at least 2 with train.method grpo" in said, r.output
+    r = runner.invoke(app, ["loop", "--config", str(path), "--num-generations", "1"])  # the option given wins and is named
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "--num-generations: must be at least 2 with train.method grpo" in said and str(path) not in said, r.output
+    doc["train"]["method"], doc["train"]["max_epochs"] = "sft", float("inf")  # YAML's .inf is a float, and no number
+    path.write_text(yaml.safe_dump(doc))
+    r = runner.invoke(app, ["loop", "--config", str(path)])
+    assert r.exit_code == 2 and f"{path}: train.max_epochs: must be a finite number" in " ".join(r.output.split()), r.output
 
 
 @pytest.mark.parametrize("args, says", [
@@ -348,6 +368,18 @@ def test_the_loop_checks_model_and_folders_before_it_writes_anything(args, says,
     r = runner.invoke(app, ["loop", "--model", str(tiny_dir), "--out", str(tmp_path / "run"), *args])
     assert r.exit_code == 2 and says in " ".join(r.output.split()) and "Traceback" not in r.output, r.output
     assert not (tmp_path / "run").exists()
+
+
+def test_gate_on_a_folder_that_is_no_loop_run_says_so_in_one_line(tmp_path):
+    """``gate`` on a bench folder (whose loop is in loop/) or on a folder without config.yaml: one
+    line, exit 2 (a bench's config.yaml has no sleep settings: it was a KeyError traceback)."""
+    (tmp_path / "bench" / "loop").mkdir(parents=True)
+    (tmp_path / "bench" / "config.yaml").write_text("preset: default\nseed: 0\n")
+    (tmp_path / "bench" / "loop" / "config.yaml").write_text("seed: 0\n")
+    for folder, says in ((tmp_path / "bench", "not a loop run's config (no sleep settings) (a bench keeps its loop in its loop/"),
+                         (tmp_path, "not a run folder (no config.yaml)")):
+        r = runner.invoke(app, ["gate", str(folder), "--off"])
+        assert r.exit_code == 2 and says in " ".join(r.output.split()) and "Traceback" not in r.output, r.output
 
 
 def test_help_keeps_bracketed_text():

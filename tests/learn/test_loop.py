@@ -1,6 +1,7 @@
 """The wake-sleep-deploy loop on a tiny model: end to end, resumable, same artifacts after a kill."""
 
 import json
+import shutil
 from dataclasses import replace
 from importlib.util import find_spec
 from pathlib import Path
@@ -102,6 +103,13 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tiny_dir, tmp_path, monkeypa
     logs.clear()
     assert run_loop(_cfg(tiny_dir, tmp_path / "a"), log=logs.append) == full
     assert not any("wake" in m for m in logs)
+    # ... named another way or moved (where the folder is, is not what it makes)
+    shutil.copytree(tmp_path / "a", tmp_path / "moved")
+    made = {d: (tmp_path / d / "manifest.json").read_bytes() for d in ("a", "moved")}
+    for out in (f"{tmp_path / 'a'}/", str(tmp_path / "moved")):
+        assert run_loop(_cfg(tiny_dir, out), log=logs.append) == full
+    assert not any("wake" in m for m in logs)
+    assert made == {d: (tmp_path / d / "manifest.json").read_bytes() for d in ("a", "moved")}  # nothing remade
     # cycles may grow (extending a finished run), nothing else may change, and cycles may not shrink
     with pytest.raises(ValueError, match="different config"):
         run_loop(replace(_cfg(tiny_dir, tmp_path / "a"), cycles=3, train_episodes=2))
@@ -184,7 +192,6 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tiny_dir, tmp_path, monkeypa
     # more kill points, each resumed to the uninterrupted run's artifacts: inside the rollouts
     # (the first evaluation with its fused wake, the expert's reference episodes, a trained
     # evaluation) and inside cycle 2's sleep phase; a kill -9's temporary names are removed
-    import shutil
     import tempfile
 
     from socialworld.rollout.runner import run_episodes
@@ -413,7 +420,6 @@ def test_a_run_killed_at_a_random_moment_resumes_to_the_same_artifacts(tiny_dir,
     adapter bytes and other adapter hashes into its episodes."""
     import os
     import random
-    import shutil
     import signal
     import subprocess
     import sys

@@ -102,9 +102,9 @@ def test_chains_share_the_first_episode_and_are_deterministic(tmp_path):
     assert rows[0].metrics["CR"] == doc.modes["none"][0].metrics["CR"]  # the shared first episode
     assert rows[2].memory_chars_per_step > rows[1].memory_chars_per_step > 0  # memory grows along the chain
     assert doc.modes["summary"][2].memory_chars_per_step < rows[2].memory_chars_per_step
-    with pytest.raises(ValueError, match="modes must be one of none, full, summary, got 'all'"):  # when the config is built
+    with pytest.raises(ValueError, match="modes: must be one of none, full, summary, got 'all'"):  # when the config is built
         ChainConfig(modes=["all"], out=str(tmp_path / "c"))
-    with pytest.raises(ValueError, match="modes must name at least one of none, full, summary"):
+    with pytest.raises(ValueError, match="modes: must name at least one of none, full, summary"):
         ChainConfig(modes=[], out=str(tmp_path / "c"))
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from socialworld.agents.models import parse_model_spec
-from socialworld.config import SHARE, at_least, check_fields
+from socialworld.config import SHARE, FieldError, at_least, check_fields
 from socialworld.learn.config import LoopConfig, SleepConfig, TrainConfig
 from socialworld.metrics.lifelong import TIERS
 from socialworld.rollout.config import RAY_HELP, check_judge, check_ray
@@ -111,10 +111,11 @@ class BenchConfig:
         check_judge(self.judge)
         ms = parse_model_spec(self.model)  # before the run folder holds a typo
         if ms.kind not in ("bundled", "hf") or ms.adapters:
-            raise ValueError(f"arms A and B train a local model: model must be bundled or a model folder (without adapters), "
+            raise FieldError("model", "must be bundled or a model folder without adapters (arms A and B train a local model), "
                              f"got {self.model!r}")
         if self.proxy and parse_model_spec(self.proxy).kind not in ("scripted", "openai") and self.ray:  # parsed: a typo fails now
-            raise ValueError(f"--ray spreads scripted and openai: policies; the proxy {self.proxy!r} is a local model")
+            raise FieldError("proxy", f"{self.proxy!r} is a local model; {{ray}} spreads scripted and openai: policies only",
+                             related=("ray",))
 
     def scenario_names(self) -> tuple[str, ...]:
         return tuple(self.scenarios) or PRESETS[self.preset].scenarios

@@ -28,7 +28,7 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import typer
 from rich.markup import escape
 
-from socialworld.config import Bound, violation
+from socialworld.config import Bound, FieldError, violation
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,7 @@ def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None 
 
     stored = read_config_file(config_file, cls, ignore) if config_file else {}
     flat: dict[tuple[str, ...], Any] = {}
+    named: dict[tuple[str, ...], str] = {}
     for leaf in leaves(cls):
         v = values[leaf.name]
         from_file = _lookup(stored, leaf.path) if config_file is not None and not given(leaf.name) else dataclasses.MISSING
@@ -208,16 +209,23 @@ def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None 
                 v = tuple(v)
         elif _unwrap_optional(leaf.hint)[0] is Path and v is not None:
             v = Path(v)
+        # named as the user gave it: the option, or the file and the key
+        named[leaf.path] = f"--{leaf.name.replace('_', '-')}" if from_file is dataclasses.MISSING else ".".join(leaf.path)
+        where = named[leaf.path] if from_file is dataclasses.MISSING else f"{config_file}: {named[leaf.path]}"
         broken = violation(v, leaf.check, None)
-        if broken:  # named as the user gave it: the file and the key, or the option
-            where = f"--{leaf.name.replace('_', '-')}" if from_file is dataclasses.MISSING else f"{config_file}: {'.'.join(leaf.path)}"
+        if broken:
             raise ValueError(f"{where}: {broken}")
         flat[leaf.path] = v
 
     def make(c: type, prefix: tuple[str, ...]) -> Any:
         hints = typing.get_type_hints(c)
-        return c(**{f.name: make(hints[f.name], prefix + (f.name,)) if dataclasses.is_dataclass(hints[f.name])
-                    else flat[prefix + (f.name,)] for f in dataclasses.fields(c)})
+        try:
+            return c(**{f.name: make(hints[f.name], prefix + (f.name,)) if dataclasses.is_dataclass(hints[f.name])
+                        else flat[prefix + (f.name,)] for f in dataclasses.fields(c)})
+        except FieldError as err:
+            names = {f: named.get(prefix + (f,), f) for f in (err.field, *err.related)}
+            in_file = config_file is not None and not names[err.field].startswith("--")
+            raise ValueError(f"{config_file}: " * in_file + err.named(names)) from None
 
     return make(cls, ())
 

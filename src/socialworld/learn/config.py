@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from socialworld.agents.models import TRACKS, parse_model_spec
-from socialworld.config import SHARE, above, at_least, check_fields, within
+from socialworld.config import SHARE, FieldError, above, at_least, check_fields, within
 from socialworld.rollout.config import RAY_HELP, check_judge, check_ray
 
 
@@ -16,7 +16,8 @@ class PairBuild:
     """What builds the sleep phase's candidate pairs: the same settings, the same candidates (a
     gating variant, ``socialworld gate``, may change none of them)."""
 
-    continuation: str = field(default="expert", metadata={"help": "policy rolled out after each counterfactual candidate"})
+    continuation: Literal["expert", "oracle", "random"] = field(default="expert", metadata={
+        "help": "scripted policy rolled out after each counterfactual candidate"})
     rollouts: int = field(default=2, metadata={"check": at_least(1), "help": "M: continuations per candidate"})
     horizon: int = field(default=8, metadata={"check": at_least(1), "help": "steps per continuation (or until the episode ends)"})
     discount: float = field(default=1.0, metadata={"check": within(0, 1, low_open=True),
@@ -123,7 +124,7 @@ class TrainConfig:
         "listwise: temperature of the soft target over the candidates (in units of value)")})
     value_margin: float = field(default=0.05, metadata={"check": at_least(0), "help": (
         "listwise: a candidate joins the target beside chosen only when its value beats chosen's by this much")})
-    seed: int = field(default=0, metadata={"check": at_least(0), "help": "trainer seed"})
+    seed: int = field(default=0, metadata={"check": within(0, 2**32 - 1), "help": "trainer seed (numpy's range)"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": (
         "recompute activations in the backward pass (TRL's own default is on: it saves memory and costs time; "
         "a 135M model needs no saving)")})
@@ -132,10 +133,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         if self.method == "grpo" and self.num_generations < 2:
-            raise ValueError(f"num_generations must be at least 2 with method grpo (a group of one has no advantage), "
-                             f"got {self.num_generations}")
+            raise FieldError("num_generations", "must be at least 2 with {method} grpo (a group of one has no advantage), "
+                             f"got {self.num_generations}", related=("method",))
         if not self.target_modules:
-            raise ValueError("target_modules must name at least one module")
+            raise FieldError("target_modules", "must name at least one module")
 
 
 @dataclass(frozen=True)
@@ -178,11 +179,11 @@ class LoopConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         if not self.tracks:
-            raise ValueError(f"tracks must name at least one of {', '.join(TRACKS)}")
+            raise FieldError("tracks", f"must name at least one of {', '.join(TRACKS)}")
         check_ray(self.ray)
         ms = parse_model_spec(self.model)  # before the run folder holds a typo
         if ms.kind not in ("bundled", "hf") or ms.adapters:
-            raise ValueError(f"the loop trains a local model: model must be bundled or a model folder (without adapters), "
+            raise FieldError("model", "must be bundled or a model folder without adapters (the loop trains a local model), "
                              f"got {self.model!r}")
         check_judge(self.judge)
 

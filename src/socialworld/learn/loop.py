@@ -381,7 +381,13 @@ def stored_sleep_config(run_dir: str | Path) -> SleepConfig:
     """The sleep settings a loop run was written with (fields added since filled by ``LOOP_ADDED_FIELDS``)."""
     import yaml
 
-    doc = yaml.safe_load(Path(run_dir, "config.yaml").read_text())
+    path = Path(run_dir, "config.yaml")
+    if not path.is_file():
+        raise ValueError(f"{run_dir}: not a run folder (no config.yaml)")
+    doc = yaml.safe_load(path.read_text())
+    if not isinstance(doc, dict) or not isinstance(doc.get("sleep"), dict):
+        inner = " (a bench keeps its loop in its loop/ folder)" if Path(run_dir, "loop", "config.yaml").is_file() else ""
+        raise ValueError(f"{path}: not a loop run's config (no sleep settings){inner}")
     return SleepConfig(**with_defaults(doc["sleep"], LOOP_ADDED_FIELDS["sleep"]))
 
 

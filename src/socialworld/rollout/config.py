@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from socialworld.agents.models import parse_model_spec
-from socialworld.config import SHARE, above, at_least, check_fields
+from socialworld.config import SHARE, FieldError, above, at_least, check_fields
 from socialworld.records import TMP_MARK
 
 RAY_HELP = ("run the parallel work as Ray tasks: '' (off: one process), 'local' (a local Ray on this machine's CPUs), "
@@ -81,7 +81,8 @@ class EvalConfig:
         kind = parse_model_spec(self.policy).kind  # a typo (or adapters that are not there) fails now
         check_judge(self.judge)
         if self.ray and kind not in ("scripted", "openai"):
-            raise ValueError(f"--ray spreads scripted and openai: policies; {self.policy!r} is a local model (run it without --ray)")
+            raise FieldError("policy", f"{self.policy!r} is a local model; {{ray}} spreads scripted and openai: policies only "
+                             "(run it without it)", related=("ray",))
 
     def out_dir(self) -> Path:
         """``out``, or ``runs/eval-<policy>-s<seed>`` with every character of the policy spec that is

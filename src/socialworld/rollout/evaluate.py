@@ -66,9 +66,10 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
         eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed, on_steps=on_steps)
     write_jsonl(out / "episodes.jsonl", eps)
     write_parquet(out / "episodes.parquet", eps)
+    for stale in ("metrics.json", "judge.jsonl"):  # an earlier evaluation's (--overwrite) are not these records'
+        (out / stale).unlink(missing_ok=True)
     failed = aggregate(eps).endpoint_failure_rate
     if failed > cfg.max_endpoint_failures:  # scores of a dead endpoint would only measure the endpoint
-        (out / "metrics.json").unlink(missing_ok=True)
         raise EndpointFailure(f"the endpoint of {cfg.policy} gave no reply on {failed:.0%} of the steps (more than "
                               f"--max-endpoint-failures {cfg.max_endpoint_failures:g}; the first error: {first_endpoint_error(eps)}): "
                               f"no scores; the records are in {out}")
@@ -76,8 +77,6 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
                             timeout_s=cfg.request_timeout) if cfg.judge else []
     if judged:
         write_judged(out / "judge.jsonl", judged)
-    else:  # an earlier evaluation's judgement (--overwrite) is not this one's
-        (out / "judge.jsonl").unlink(missing_ok=True)
     result = EvalResult(cfg.policy, eps, judged)
     atomic_write_text(out / "metrics.json", dumps_canonical(result.summary()) + "\n")
     return result

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from socialworld.config import at_least, check_fields
+from socialworld.config import FieldError, at_least, check_fields
 
 
 @dataclass(frozen=True)
@@ -68,4 +68,4 @@ class ChainConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         if not self.modes:
-            raise ValueError(f"modes must name at least one of {', '.join(MODES)}")
+            raise FieldError("modes", f"must name at least one of {', '.join(MODES)}")
