@@ -112,6 +112,9 @@ def test_parameters_are_honoured(client, tiny_app):
                                           max_tokens=10).choices[0].message.content == greedy.choices[0].message.content
     local = gen([_job(gen, 10)], lambda: False)[0]
     assert greedy.choices[0].message.content == local.text and greedy.usage.completion_tokens == local.tokens_out
+    for tiny in (1e-40, 1e-300):  # in range, and greedy in effect: the scaled logits overflowed the sampler (a 500)
+        assert client.chat.completions.create(model="tiny", messages=MSG, temperature=tiny,
+                                              max_tokens=10).choices[0].message.content == greedy.choices[0].message.content
     short = client.chat.completions.create(model="tiny", messages=MSG, temperature=0, max_completion_tokens=3)
     assert short.usage.completion_tokens <= 3 and greedy.choices[0].message.content.startswith(short.choices[0].message.content)
     text = greedy.choices[0].message.content

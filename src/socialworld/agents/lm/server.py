@@ -6,7 +6,7 @@ Routes: ``GET /v1/models``, ``GET /v1/models/{id}`` and non-streaming ``POST /v1
   text messages, ``max_tokens`` not a positive integer, a field this server does not honour), 404
   for an unknown model or route, 500 for an internal error; errors have the OpenAI shape
   ``{"error": {"message", "type", "code"}}``.
-* It honours ``temperature`` (the OpenAI default 1; 0 is greedy), ``top_p``, ``stop`` (up to four
+* It honours ``temperature`` (the OpenAI default 1; 0, and anything below ``GREEDY_BELOW``, is greedy), ``top_p``, ``stop`` (up to four
   strings, cut from the reply), ``max_tokens`` / ``max_completion_tokens`` and ``seed`` (a seeded
   request samples alone, so the same seed gives the same reply); content is a string or a list
   of text parts.
@@ -83,6 +83,11 @@ class ChatRequest(BaseModel):
 # ------------------------------------------------------------------ decoding in batches
 
 
+GREEDY_BELOW = 1e-6
+"""temperatures below it decode greedily: sampling is then the argmax anyway, and below about 1e-37 the
+scaled logits overflow float32 (``temperature: 1e-40`` was a 500 from the sampler)"""
+
+
 @dataclass(frozen=True)
 class Sampling:
     temperature: float
@@ -91,7 +96,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass
