@@ -370,6 +370,16 @@ def test_the_loop_checks_model_and_folders_before_it_writes_anything(args, says,
     assert not (tmp_path / "run").exists()
 
 
+def test_the_bench_checks_its_model_before_it_writes_anything(tmp_path, monkeypatch):
+    """A model folder that holds no model: one line, and no bench folder (its config.yaml, written
+    first, then refused the corrected command)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "no_model").mkdir()
+    r = runner.invoke(app, ["bench", "--preset", "smoke", "--model", str(tmp_path / "no_model"), "--out", str(tmp_path / "b")])
+    assert r.exit_code == 2 and "Traceback" not in r.output and r.output.startswith("error:"), r.output
+    assert not (tmp_path / "b").exists()
+
+
 def test_gate_on_a_folder_that_is_no_loop_run_says_so_in_one_line(tmp_path):
     """``gate`` on a bench folder (whose loop is in loop/) or on a folder without config.yaml: one
     line, exit 2 (a bench's config.yaml has no sleep settings: it was a KeyError traceback)."""

@@ -29,7 +29,15 @@ from socialworld.agents.lm.backends import EndpointFailure
 from socialworld.agents.models import SCRIPTED
 from socialworld.bench.config import BENCH_ADDED_FIELDS, PRESETS, BenchConfig
 from socialworld.learn.config import LoopConfig
-from socialworld.learn.loop import EXECUTION_FIELDS, CycleSummary, Progress, check_unlockable, config_doc, run_loop
+from socialworld.learn.loop import (
+    EXECUTION_FIELDS,
+    CycleSummary,
+    Progress,
+    check_model,
+    check_unlockable,
+    config_doc,
+    run_loop,
+)
 from socialworld.metrics.core import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate
 from socialworld.metrics.diagnostics import coverage, failure_counts
 from socialworld.metrics.lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
@@ -90,6 +98,7 @@ def _subset(eps: Sequence[EpisodeRecord], tiers: Sequence[str]) -> list[EpisodeR
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> BenchResult:
     loop_dir = Path(cfg.out) / BENCH_LOOP
     scenarios = bench_scenarios(cfg, loop_dir)  # checked before the run folder is made
+    check_model(cfg.loop_config())  # ... as is the model: a typo left config.yaml behind, which refused the fix
     if cfg.ray:
         ray_init(cfg.ray)  # a wrong address fails here, not after the first cycles
     run = RunDir(cfg.out)

@@ -230,7 +230,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
     # every check before the run folder holds anything (not even config.yaml)
     scenarios = run_scenarios(cfg.scenarios, cfg.tiers, cfg.out)
     check_unlockable(cfg, scenarios)
-    check_target_modules(_base_path(cfg), cfg.train.target_modules)
+    check_model(cfg)
     doc = config_doc(replace(cfg, scenarios=scenarios.names), scenarios.user)
     reused = _reusable(cfg, doc) if cfg.reuse_from else None
     if cfg.ray:
@@ -431,6 +431,12 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
         ids = sorted(p.id for p in kept)
         out[name] = {"report": report.as_dict(), "ids": ids, "same_as_run": ids == run_ids}
     return out
+
+
+def check_model(cfg: LoopConfig) -> None:
+    """Before any artifact: the model to train is there (its config loads: a typo in a hub id or a
+    folder fails now) and has every module ``--target-modules`` names (built on the meta device)."""
+    check_target_modules(_base_path(cfg), cfg.train.target_modules)
 
 
 def _base_path(cfg: LoopConfig) -> str:
