@@ -6,7 +6,8 @@ at_least(1)}``; :func:`check_fields` (called first in each config's ``__post_ini
 declared range and every ``Literal`` field's choices, so a config built in Python, from the command
 line or from ``--config FILE`` obeys the same rule, and the command line's options name theirs in
 their help and in their error (``--lora-r: must be at least 1, got 0``). Rules that relate fields
-(GRPO's group of at least two) stay in ``__post_init__``; rules that need the model or the disk
+(GRPO's group of at least two) stay in ``__post_init__`` and raise :class:`FieldError`, which names
+the fields so the command line can call them as the user gave them; rules that need the model or the disk
 (target modules, ``--reuse-from``) run before the command writes anything.
 """
 

@@ -186,7 +186,8 @@ def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None 
 
     stored = read_config_file(config_file, cls, ignore) if config_file else {}
     flat: dict[tuple[str, ...], Any] = {}
-    named: dict[tuple[str, ...], str] = {}
+    named: dict[tuple[str, ...], str] = {}  # each field as the user gave it: the option, or the file's key
+    where: dict[tuple[str, ...], str] = {}  # ... and where it was given: the option, or the file and the key
     for leaf in leaves(cls):
         v = values[leaf.name]
         from_file = _lookup(stored, leaf.path) if config_file is not None and not given(leaf.name) else dataclasses.MISSING
@@ -209,12 +210,14 @@ def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None 
                 v = tuple(v)
         elif _unwrap_optional(leaf.hint)[0] is Path and v is not None:
             v = Path(v)
-        # named as the user gave it: the option, or the file and the key
-        named[leaf.path] = f"--{leaf.name.replace('_', '-')}" if from_file is dataclasses.MISSING else ".".join(leaf.path)
-        where = named[leaf.path] if from_file is dataclasses.MISSING else f"{config_file}: {named[leaf.path]}"
+        if from_file is dataclasses.MISSING:
+            named[leaf.path] = where[leaf.path] = f"--{leaf.name.replace('_', '-')}"
+        else:
+            named[leaf.path] = ".".join(leaf.path)
+            where[leaf.path] = f"{config_file}: {named[leaf.path]}"
         broken = violation(v, leaf.check, None)
         if broken:
-            raise ValueError(f"{where}: {broken}")
+            raise ValueError(f"{where[leaf.path]}: {broken}")
         flat[leaf.path] = v
 
     def make(c: type, prefix: tuple[str, ...]) -> Any:
@@ -223,9 +226,9 @@ def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None 
             return c(**{f.name: make(hints[f.name], prefix + (f.name,)) if dataclasses.is_dataclass(hints[f.name])
                         else flat[prefix + (f.name,)] for f in dataclasses.fields(c)})
         except FieldError as err:
-            names = {f: named.get(prefix + (f,), f) for f in (err.field, *err.related)}
-            in_file = config_file is not None and not names[err.field].startswith("--")
-            raise ValueError(f"{config_file}: " * in_file + err.named(names)) from None
+            names = {f: named.get(prefix + (f,), f) for f in err.related}
+            names[err.field] = where.get(prefix + (err.field,), err.field)
+            raise ValueError(err.named(names)) from None
 
     return make(cls, ())
 

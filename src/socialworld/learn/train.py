@@ -116,10 +116,10 @@ def check_target_modules(base_path: str | Path, modules: Sequence[str]) -> None:
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(base_path)))
-    names = [n for n, _ in model.named_modules()]
-    missing = [m for m in modules if not any(n == m or n.endswith("." + m) for n in names)]
+    named = list(model.named_modules())
+    missing = [m for m in modules if not any(n == m or n.endswith("." + m) for n, _ in named)]
     if missing:
-        leaves = sorted({n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if not list(mod.children())})
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, mod in named if not list(mod.children())})
         raise ValueError(f"--target-modules: {', '.join(missing)} is no module of {base_path} "
                          f"(its layers' modules: {', '.join(x for x in leaves if not x.isdigit())})")
 
