@@ -193,7 +193,7 @@ def _full_logits(model, ids):
     import torch
 
     with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0, -1].float()
+        return model(torch.tensor([ids], device=model.device)).logits[0, -1].float()
 
 
 def test_constrained_choices_are_the_full_forward_argmax(specs, tiny):
@@ -833,3 +833,18 @@ def test_a_trained_world_model_is_not_shared_with_a_trained_policy(tiny_dir, tmp
     plain = make_policy(str(tiny_dir), max_new_tokens=8)
     assert make_world_model(str(tiny_dir), trained).backend is not trained.backend  # the base, not the trained model
     assert make_world_model(str(tiny_dir), plain).backend is plain.backend  # the same model: loaded once
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_decoding_on_the_gpu_writes_the_cpus_tokens(specs, tiny_dir):
+    """load_hf puts a model on the GPU where there is one; both decoders build their tensors on the
+    model's device and give, in fp32, the tokens the CPU gives."""
+    model, tok = load_hf(tiny_dir, dtype="float32")
+    assert model.device.type == "cuda"
+    obs = [_obs(specs, sid, steps=k) for k, sid in enumerate(specs)]
+    convs, progs = [build_messages(o) for o in obs], [program(o, 6) for o in obs]
+    gpu = HFBackend(model, tok, name="tiny", max_new_tokens=12, batch_size=8)
+    on_gpu = [c.text for c in gpu.complete(convs)], [c.text for c in gpu.constrained(convs, progs)]
+    cpu = HFBackend(model.to("cpu"), tok, name="tiny", max_new_tokens=12, batch_size=8)
+    on_cpu = [c.text for c in cpu.complete(convs)], [c.text for c in cpu.constrained(convs, progs)]
+    assert on_gpu == on_cpu

@@ -253,8 +253,17 @@ def cpu_description() -> str:
     return f"{name or 'unknown CPU'}, {os.cpu_count()} CPUs, native bf16: {', '.join(bf16) or 'none'}"
 
 
+def auto_device() -> str:
+    """``cuda`` where torch sees a GPU, else ``cpu``: where a local model runs, decodes and trains
+    (:func:`load_hf`; every tensor the decoders build follows ``model.device``)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def load_hf(name_or_path: str | Path, dtype: str = "auto"):
-    """Load a causal LM and its tokenizer (left padding, a pad token) for batched generation."""
+    """Load a causal LM and its tokenizer (left padding, a pad token) for batched generation, on
+    :func:`auto_device`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -264,7 +273,7 @@ def load_hf(name_or_path: str | Path, dtype: str = "auto"):
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=getattr(torch, dtype)).to(auto_device())
     model.eval()
     return model, tok
 

@@ -322,16 +322,13 @@ def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Se
                     base_path: str | Path, progress: Callable[[int], Callable[[Any], None]] | None, t0: float) -> TrainResult:
     """``method="listwise"`` (:mod:`socialworld.learn.listwise`): the same LoRA adapter, saving and
     record as TRL's trainers, trained by a plain AdamW loop."""
-    import torch
     from peft import get_peft_model
 
     from socialworld.learn.listwise import train_listwise
     from socialworld.learn.sleep import read_pairs
 
     if peft_config is not None:
-        model = get_peft_model(model, peft_config)
-    if torch.cuda.is_available():
-        model = model.to("cuda")
+        model = get_peft_model(model, peft_config)  # on load_hf's device (the GPU where there is one)
     data = read_pairs(pairs) if isinstance(pairs, (str, Path)) else list(pairs)
     dtype = compute_dtype(cfg)
     steps = planned_steps(cfg, len(balanced_indices([action_kind(p.chosen) for p in data], cfg.balance)))

@@ -76,7 +76,7 @@ class HFBackend:
         out: list[Completion] = []
         for start in range(0, len(texts), self.batch_size):
             chunk = list(texts[start : start + self.batch_size])
-            enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
             t0 = time.perf_counter()
             with torch.inference_mode():
                 gen = self.model.generate(

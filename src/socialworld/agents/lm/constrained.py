@@ -237,7 +237,7 @@ class PrefixCache:
             return self._kv[key]
         self.misses += 1
         with torch.inference_mode():
-            out = model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1,
+            out = model(input_ids=torch.tensor([ids], device=model.device), use_cache=True, logits_to_keep=1,
                         **({"adapter_names": [adapter]} if adapter else {}))
         kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         self._kv[key] = kv
@@ -298,7 +298,7 @@ class _Cache:
         old, old_mask = getattr(self, "kv", None), getattr(self, "mask", None)
         self.capacity = capacity
         self.kv = StaticCache(config=self.model.config, max_cache_len=capacity)
-        self.mask = torch.zeros((self.batch, capacity), dtype=torch.long)
+        self.mask = torch.zeros((self.batch, capacity), dtype=torch.long, device=self.model.device)
         if old is not None and self.used:
             for new_layer, layer in zip(self.kv.layers, old.layers):
                 new_layer.update(layer.keys[:, :, : self.used], layer.values[:, :, : self.used])
@@ -361,7 +361,8 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
                         v[b, :, : len(p)] = kvs[(first[b], p)][li][1][0]
                 layers.append((k, v))
             cache.fill(layers, [len(p) for p in pre])
-        next_pos = torch.tensor([len(p) for p in pre], dtype=torch.long)
+        dev = model.device
+        next_pos = torch.tensor([len(p) for p in pre], dtype=torch.long, device=dev)
         while True:
             lens = [len(r.pending) for r in rows]
             width = max(lens)
@@ -373,20 +374,22 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
                 if r.pending:
                     ids[b, : lens[b]] = torch.tensor(r.pending)
                     step_mask[b, : lens[b]] = 1
-            pos = next_pos[:, None] + torch.arange(width)[None, :]
+            ids, step_mask = ids.to(dev), step_mask.to(dev)  # built on the host, moved once per step
+            pos = next_pos[:, None] + torch.arange(width, device=dev)[None, :]
             cache.reserve(width)
             cache.mask[:, cache.used : cache.used + width] = step_mask
             cache.used += width
             keep = sorted({n_b - 1 for n_b in lens if n_b})  # only the positions whose logits are read
             o = model(input_ids=ids, attention_mask=cache.mask, position_ids=pos, past_key_values=cache.kv,
-                      use_cache=True, logits_to_keep=torch.tensor(keep),
+                      use_cache=True, logits_to_keep=torch.tensor(keep, device=dev),
                       **({"adapter_names": [adapter(r) for r in rows]} if mixed else {}))
-            next_pos += torch.tensor(lens)
+            logits = o.logits.float().cpu()  # the grammar reads a few entries per row: one copy per step
+            next_pos += torch.tensor(lens, device=dev)
             for b, r in enumerate(rows):
                 if lens[b]:
                     r.pending = []
                     if r.seg < len(r.program):
-                        eng.step(r, o.logits[b, keep.index(lens[b] - 1)].float())
+                        eng.step(r, logits[b, keep.index(lens[b] - 1)])
                     if r.seg >= len(r.program):
                         r.pending = []  # finished: its last tokens need no logits
     dt = (time.perf_counter() - t0) / B

@@ -155,11 +155,11 @@ class HFGenerate:
 
         class Cancelled(StoppingCriteria):
             def __call__(self, input_ids, scores, **kwargs):  # type: ignore[no-untyped-def]
-                return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool)
+                return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool, device=input_ids.device)
 
         tok, s = self.tokenizer, jobs[0].sampling
         with self._tok_lock:
-            enc = tok([j.prompt for j in jobs], return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = tok([j.prompt for j in jobs], return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
         sample = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p} if not s.greedy else \
             {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         with torch.inference_mode(), torch.random.fork_rng(devices=[]):
