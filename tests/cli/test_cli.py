@@ -380,6 +380,22 @@ def test_the_bench_checks_its_model_before_it_writes_anything(tmp_path, monkeypa
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("command", [["eval", "--policy", "expert", "--episodes", "1"], ["loop"], ["bench", "--preset", "smoke"]])
+def test_a_judge_that_does_not_load_fails_before_any_work(command, tmp_path, monkeypatch, tiny_dir):
+    """The judge is built only when there are episodes to judge: a judge folder (or hub id) that
+    holds no model failed after the rollouts, or after a loop's first wake; now in one line first."""
+    import socialworld.rollout.evaluate as evaluate_mod
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(evaluate_mod, "run_episodes", lambda *a, **k: pytest.fail("episodes ran"))
+    (tmp_path / "no_model").mkdir()
+    model = [] if command[0] == "eval" else ["--model", str(tiny_dir)]
+    r = runner.invoke(app, [*command, *model, "--judge", str(tmp_path / "no_model"), "--out", str(tmp_path / "out")])
+    flat = " ".join(r.output.split())
+    assert r.exit_code == 2 and f"--judge {tmp_path / 'no_model'}: no model there" in flat and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_gate_on_a_folder_that_is_no_loop_run_says_so_in_one_line(tmp_path):
     """``gate`` on a bench folder (whose loop is in loop/) or on a folder without config.yaml: one
     line, exit 2 (a bench's config.yaml has no sleep settings: it was a KeyError traceback)."""

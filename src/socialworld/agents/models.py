@@ -85,6 +85,23 @@ def parse_model_spec(spec: str) -> ModelSpec:
     )
 
 
+def check_loads(spec: str, option: str) -> None:
+    """Before any work: where ``spec`` names a model folder or hub id (not ``bundled``, not an
+    endpoint), its config loads; else ``ValueError`` in one line naming ``option``. A judge is
+    built only once there are episodes to judge: a typo in ``--judge org/name`` failed after the
+    rollouts (or a loop's first wake) instead of before them."""
+    ms = parse_model_spec(spec)
+    if ms.kind != "hf":
+        return
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(ms.name)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{option} {spec}: no model there ({first})") from None
+
+
 TRACKS: tuple[Literal["action", "dialogue"], ...] = ("action", "dialogue")
 """the trained tracks: the action adapter writes the BELIEF and ACTION lines, the dialogue one the words"""
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Literal, Sequence
 
 from socialworld.agents.lm.policy import SAY_TOKENS
-from socialworld.agents.models import TRACKS, parse_model_spec
+from socialworld.agents.models import TRACKS, check_loads, parse_model_spec
 from socialworld.agents.registry import make_policy
 from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig, PairBuild, SleepConfig
 from socialworld.learn.sleep import PAIR_SCHEMA, GatingReport, read_pairs, run_sleep, screen_and_gate, write_pairs
@@ -435,8 +435,11 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
 
 def check_model(cfg: LoopConfig) -> None:
     """Before any artifact: the model to train is there (its config loads: a typo in a hub id or a
-    folder fails now) and has every module ``--target-modules`` names (built on the meta device)."""
+    folder fails now) and has every module ``--target-modules`` names (built on the meta device);
+    a judge that is a model folder or hub id loads too."""
     check_target_modules(_base_path(cfg), cfg.train.target_modules)
+    if cfg.judge:
+        check_loads(cfg.judge, "--judge")
 
 
 def _base_path(cfg: LoopConfig) -> str:

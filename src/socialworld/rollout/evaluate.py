@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from socialworld.agents.lm.backends import EndpointFailure
-from socialworld.agents.models import SCRIPTED
+from socialworld.agents.models import SCRIPTED, check_loads
 from socialworld.agents.registry import make_policy
 from socialworld.metrics.core import METRICS_CONTRACT, aggregate, group_by
 from socialworld.records import EpisodeRecord, JudgeRec, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
@@ -57,6 +57,8 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
     lm = {} if cfg.policy in SCRIPTED else {"batch_size": cfg.lm_batch_size, "decoding": cfg.decoding,
                                             "max_new_tokens": cfg.max_new_tokens, "timeout_s": cfg.request_timeout}
     policy = make_policy(cfg.policy, seed=cfg.seed, **lm)
+    if cfg.judge:
+        check_loads(cfg.judge, "--judge")  # the judge is built after the rollouts: its typo fails now
     out = cfg.check_out()  # before any episode: nothing run is lost to an unwritable or occupied folder
     if cfg.ray:
         ray_init(cfg.ray)
