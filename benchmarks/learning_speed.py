@@ -19,6 +19,9 @@ Run: ``python benchmarks/learning_speed.py`` (about 3 minutes on 2 cores); ``--s
   counterfactual evaluations per second = continuations rolled out / wall.
 * listwise (``bench.VALUES_TRAIN``): seconds per training step of the listwise objective on those
   pairs, and rows per minute of both trainers (rows = steps x batch).
+* activated: the same objective with an activated adapter (``activated=True``: the prompts read by
+  the base model without gradient, the replies trained) on the reference pairs (their legal sets,
+  one-hot targets), seconds per step and rows per minute.
 * raw: one batched forward pass (no generation) over the same episodes' first prompts,
   tokens/s = non-padding tokens / seconds; ratio = achieved / raw.
 """
@@ -95,6 +98,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lw = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(VALUES_TRAIN, steps=args.steps, max_epochs=0), pairs=valued)
 
+    with tempfile.TemporaryDirectory() as tmp:
+        act = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(VALUES_TRAIN, steps=args.steps, max_epochs=0,
+                                                                           activated=True), pairs=pairs)
+
     # decisions: every scenario's first evaluation seed, in one lockstep batch
     jobs = [EpisodeJob(capped(s, args.turns), episode_seeds(0, s.id, 1)[0]) for s in specs.values()]
     policy = make_lm_policy("bundled", batch_size=args.lm_batch)
@@ -129,6 +136,8 @@ def main() -> None:
         "listwise": {"steps": lw.steps, "seconds_per_step": lw.train_seconds / lw.steps,
                      "rows_per_minute": 60 * lw.steps * VALUES_TRAIN.batch_size / lw.train_seconds,
                      "sft_rows_per_minute": 60 * res.steps * RECIPE_TRAIN.batch_size / res.train_seconds},
+        "activated": {"steps": act.steps, "seconds_per_step": act.train_seconds / act.steps,
+                      "rows_per_minute": 60 * act.steps * VALUES_TRAIN.batch_size / act.train_seconds},
         "decode": {"dtype": auto_dtype(), "episodes": len(eps), "decisions": len(steps), "lm_batch": args.lm_batch,
                    "seconds_per_decision": wall / len(steps), "prompt_tokens_per_decision": prompt / len(steps),
                    "achieved_tokens_per_s": processed / wall, "raw_forward_tokens_per_s": raw,
@@ -143,6 +152,8 @@ def main() -> None:
     print(f"values (M={v['rollouts']} imagined continuations of {v['horizon']} steps): {v['continuations_per_s']:.0f} "
           f"counterfactual evaluations/s, {v['candidates_per_state']:.1f} candidates and {v['seconds_per_state']:.2f} s per state")
     print(f"listwise: {lw_['seconds_per_step']:.2f} s/step; rows per minute {lw_['rows_per_minute']:.1f} (sft {lw_['sft_rows_per_minute']:.1f})")
+    a = out["activated"]
+    print(f"activated listwise: {a['seconds_per_step']:.2f} s/step; rows per minute {a['rows_per_minute']:.1f}")
     print(f"decoding ({d['dtype']}, batch {d['lm_batch']}): {d['seconds_per_decision']:.3f} s/decision over {d['decisions']} "
           f"decisions; {d['prompt_tokens_per_decision']:.0f} prompt tokens per decision")
     print(f"throughput: achieved {d['achieved_tokens_per_s']:.0f} tok/s, raw batched forward {d['raw_forward_tokens_per_s']:.0f} tok/s "

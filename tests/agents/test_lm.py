@@ -476,6 +476,59 @@ def test_mixed_adapter_batches(specs, tiny_dir, tmp_path):
     assert [r.values["s"] for r in mixed] != [r.values["s"] for r in same]  # the free text under "b" differs
 
 
+def test_an_activated_adapter_decodes_as_peft_runs_it(specs, tiny_dir, tmp_path):
+    """An activated adapter (PEFT's aLoRA, invoked by the assistant header) beside a plain one:
+    each constrained choice is the argmax of PEFT's own forward over prompt + text so far (the
+    prompt before the header under the base model), alone or batched, with the system prefix cached."""
+    import torch
+
+    peft = pytest.importorskip("peft")
+    from socialworld.learn.train import assistant_header
+
+    base, tok = load_hf(tiny_dir, dtype="float32")
+    header = assistant_header(tok)
+    for name, seed, inv in (("act", 1, header), ("talk", 2, None)):
+        torch.manual_seed(seed)
+        cfg = peft.LoraConfig(r=4, lora_alpha=512, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False,
+                              alora_invocation_tokens=inv, task_type="CAUSAL_LM")
+        peft.get_peft_model(load_hf(tiny_dir, dtype="float32")[0], cfg).save_pretrained(tmp_path / name)
+    model = peft.PeftModel.from_pretrained(base, str(tmp_path / "act"), adapter_name="act")
+    model.load_adapter(str(tmp_path / "talk"), adapter_name="talk")
+    model.eval()
+    backend = HFBackend(model, tok, name="t")
+    convs = [build_messages(_obs(specs, sid, steps=k)) for k, sid in enumerate(list(specs)[:4])]
+    prompts = backend.prompts(convs)
+    opts = ("alpha", "beta", "gamma", "delta")
+    prog = [Forced("X:"), Choice("a", opts, adapter="act"), Forced(" then"), Choice("b", opts, adapter="act"),
+            Forced(" say:"), Free("s", 4, adapter="talk")]
+    system = [tok.apply_chat_template(c[:1], tokenize=False) for c in convs]
+    rows = decode(model, tok, prompts, [prog] * 4, batch_size=4, prefixes=system)
+    assert [r.text for r in rows] == [r.text for r in decode(model, tok, prompts, [prog] * 4, batch_size=1)]
+    ids = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    first = {ids(o)[0] for o in opts}
+
+    def peft_argmax(head: list[int]) -> int:
+        model.set_adapter("act")
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([head])).logits[0, -1]
+        return max(first, key=lambda t: logits[t].item())
+
+    plain = []
+    for prompt, row in zip(prompts, rows):
+        head = ids(prompt) + ids("X:")
+        assert ids(row.values["a"])[0] == peft_argmax(head)
+        head += ids(row.values["a"]) + ids(" then")
+        assert ids(row.values["b"])[0] == peft_argmax(head)
+        with model.disable_adapter(), torch.inference_mode():  # what the adapter changes
+            plain.append(max(first, key=lambda t: model(input_ids=torch.tensor([head])).logits[0, -1, t].item()))
+    assert [ids(r.values["b"])[0] for r in rows] != plain or [ids(r.values["a"])[0] for r in rows] != plain
+    # segments that name no adapter run under the active one, activated alike (a served policy)
+    model.set_adapter("act")
+    unnamed = [Forced("X:"), Choice("a", opts), Forced(" then"), Choice("b", opts)]
+    alone = decode(model, tok, prompts, [unnamed] * 4, batch_size=4, prefixes=system)
+    assert [(r.values["a"], r.values["b"]) for r in alone] == [(r.values["a"], r.values["b"]) for r in rows]
+
+
 def _grammar_text(obs, choose) -> str:
     """The BELIEF and ACTION lines :func:`program` lets a decoder write, ``choose(choice)`` picking each option."""
     out = []
@@ -728,6 +781,23 @@ def test_the_reply_grammar_as_a_regex_matches_exactly_the_grammar(specs):
         assert "shout()" not in legal
 
 
+def test_a_reply_grammar_regex_reads_back_as_its_program(specs):
+    """:func:`program_from_regex` inverts :func:`program_regex` (what a socialworld server decodes
+    ``structured_outputs`` by); a pattern outside that language is refused by name."""
+    from socialworld.agents.lm.constrained import program_from_regex, program_regex
+
+    for sid in specs:
+        prog = program(_obs(specs, sid, steps=2), 8)
+        back = program_from_regex(program_regex(prog), 8)
+        assert program_regex(back) == program_regex(prog)
+        assert [o for seg in back if isinstance(seg, Choice) for o in seg.options] == \
+            [o for seg in prog if isinstance(seg, Choice) for o in seg.options]
+        assert [seg.stop for seg in back if isinstance(seg, Free)] == ["\n"]
+    for bad in ("a+", "(?:a|b", "[a-z]*", "x.y", "(a)", "ab\\", "[^ab]*"):
+        with pytest.raises(ValueError):
+            program_from_regex(bad, 4)
+
+
 def _first_match(pattern: str) -> str:
     """The text :func:`program_regex`'s ``pattern`` matches with the first option of every choice and "Hi" as free text."""
     out, i = [], 0
@@ -795,6 +865,13 @@ def test_export_merges_the_action_adapter_into_a_plain_model_folder(tiny_dir, tm
     assert exported.text == trained.text and not (tmp_path / "m" / "adapter_config.json").exists()
     res = CliRunner().invoke(app, ["export", "--policy", f"{tiny_dir}+{loop}", "--out", str(tmp_path / "m")])
     assert res.exit_code == 2 and "exists" in res.output
+    # an activated adapter (aLoRA) has no merged equal: said before anything is written
+    from socialworld.agents.models import find_adapters
+
+    config = find_adapters(loop)["action"] / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "alora_invocation_tokens": [1, 2]}))
+    res = CliRunner().invoke(app, ["export", "--policy", f"{tiny_dir}+{loop}", "--out", str(tmp_path / "m2")])
+    assert res.exit_code == 2 and "activated" in res.output and not (tmp_path / "m2").exists()
 
 
 def test_model_spec_edge_cases(tiny_dir, tmp_path):
@@ -848,3 +925,18 @@ def test_decoding_on_the_gpu_writes_the_cpus_tokens(specs, tiny_dir):
     cpu = HFBackend(model.to("cpu"), tok, name="tiny", max_new_tokens=12, batch_size=8)
     on_cpu = [c.text for c in cpu.complete(convs)], [c.text for c in cpu.constrained(convs, progs)]
     assert on_gpu == on_cpu
+
+
+@pytest.mark.slow
+def test_the_first_use_of_the_bundled_model_says_what_it_does(tmp_path, monkeypatch, capfd):
+    """Converting the bundled GGUF (once per cache) is one line on stderr, naming the size and the
+    folder; the converter's own progress bar stays off the terminal; the second use is silent."""
+    from socialworld.agents.models import bundled_path
+
+    monkeypatch.setenv("SOCIALWORLD_CACHE", str(tmp_path / "cache"))
+    path = bundled_path()
+    err = capfd.readouterr().err
+    assert (path / "config.json").exists() and "GGUF" not in err.replace(" MB GGUF)", "")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "converting the bundled model" in lines[0] and str(path) in lines[0] and " MB " in lines[0]
+    assert bundled_path() == path and capfd.readouterr().err == ""

@@ -65,6 +65,9 @@ BAD = {
     "an unknown field": {"model": "tiny", "messages": MSG, "best_of": 3},
     "seed 2**64": {"model": "tiny", "messages": MSG, "seed": 2**64},  # was an unhandled overflow in the server
     "seed -2**63 - 1": {"model": "tiny", "messages": MSG, "seed": -(2**63) - 1},
+    "a grammar sampled": {"model": "tiny", "messages": MSG, "temperature": 1, "structured_outputs": {"regex": "A:(?:x|y)"}},
+    "a grammar beyond the reply language": {"model": "tiny", "messages": MSG, "temperature": 0, "structured_outputs": {"regex": "a+"}},
+    "a grammar without regex": {"model": "tiny", "messages": MSG, "temperature": 0, "structured_outputs": {"json": {}}},
 }
 
 
@@ -124,6 +127,45 @@ def test_parameters_are_honoured(client, tiny_app):
     sampled = [client.chat.completions.create(model="tiny", messages=MSG, temperature=1.0, seed=s, max_tokens=10)
                .choices[0].message.content for s in (1, 1, 2, 3, 4)]
     assert sampled[0] == sampled[1] and len(set(sampled)) > 1  # a seed fixes the sample; seeds differ
+    # unseeded requests draw from the server's own stream: they differ, and torch's global generator is untouched
+    import torch
+
+    before = torch.get_rng_state()
+    free = [client.chat.completions.create(model="tiny", messages=MSG, temperature=1.0, max_tokens=10).choices[0].message.content
+            for _ in range(4)]
+    assert len(set(free)) > 1 and torch.equal(torch.get_rng_state(), before)
+    assert client.chat.completions.create(model="tiny", messages=MSG, temperature=1.0, seed=1,
+                                          max_tokens=10).choices[0].message.content == sampled[0]  # seeded: still its seed's
+
+
+def test_a_reply_grammar_is_decoded_under_it(client, tiny_app, specs):
+    """``structured_outputs: {"regex": ...}`` as socialworld's openai: policies send it: the reply is
+    the constrained decoder's under that grammar, batched with others like it; the policy parses it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from socialworld.agents.lm.constrained import decode, program_from_regex, program_regex
+    from socialworld.agents.lm.policy import program
+    from socialworld.agents.lm.prompts import build_messages, parse_output
+    from socialworld.world.engine import World
+    from socialworld.world.visibility import observe
+
+    gen, app = tiny_app
+    obs = [observe(specs[sid], World(specs[sid], 3).pub) for sid in ("team_lunch-v1", "book_club-v1", "hackathon-v1")]
+    progs = [program(o, 6) for o in obs]
+    convs = [build_messages(o) for o in obs]
+
+    def ask(i: int):
+        return client.chat.completions.create(model="tiny", messages=convs[i], temperature=0, max_tokens=6,
+                                              extra_body={"structured_outputs": {"regex": program_regex(progs[i])}})
+
+    batches = app.state.batcher.stats.batches
+    with ThreadPoolExecutor(3) as pool:
+        replies = list(pool.map(ask, range(3)))
+    local = decode(gen.model, gen.tokenizer, [gen.prompt(c) for c in convs],
+                   [program_from_regex(program_regex(p), 6) for p in progs])
+    assert [r.choices[0].message.content for r in replies] == [d.text for d in local]
+    assert all(parse_output(r.choices[0].message.content, o)[2] is None for r, o in zip(replies, obs))  # parseable
+    assert app.state.batcher.stats.batches - batches < 3  # requests that arrive together decode together
 
 
 def _job(gen, n):

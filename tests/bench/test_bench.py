@@ -31,6 +31,10 @@ def test_bench_smoke_protocol_and_resume(tiny, tmp_path):
     assert doc["main"]["oracle"]["D"]["mean"] > doc["main"]["random"]["D"]["mean"] + 0.2 and set(doc["paired"]) >= {"B-A", "B-C"}
     assert doc["metrics_contract"] == "metrics-v2" and set(doc["main"]["A"]) >= {"pass", "solve"}
     assert "SolveRate" in (tmp_path / "b" / "report.md").read_text()
+    # the reports say what the cut means before any number
+    for name in ("report.md", "report.html"):
+        text = (tmp_path / "b" / name).read_text()
+        assert f"stops after {PRESETS['smoke'].max_turns} turns" in text.split("Main table")[0]
     # the smoke preset caps every episode at 4 turns, and the cap is in every step's setting
     cap = PRESETS["smoke"].max_turns
     for arm in ("A", "B", "C"):

@@ -52,7 +52,10 @@ def bench(tmp_path_factory):
 
 
 def test_document_numbers_come_from_the_records(bench):
+    from socialworld.bench.report import cut_note
+
     _cfg, doc, per_cycle = bench
+    assert "stops after 4 turns" in cut_note(doc) and cut_note({**doc, "preset": {**doc["preset"], "max_turns": 0}}) is None
     assert set(doc["main"]) == {"A", "B", "C"}
     assert doc["main"]["A"]["pass"]["mean"] == 0.0  # random never passes
     b_a = doc["paired"]["B-A"]["pass"]
@@ -95,7 +98,9 @@ def test_html_report_renders_in_headless_chromium(bench):
         assert "Turn 1/" in first_obs or first_obs.strip()
         assert page.locator("#sig tr").count() > 4  # header + align, reward, penalty, q, moods
         page.click("#next")
-        assert page.locator("#stepno").inner_text().startswith("step 2")
+        assert page.locator("#stepno").inner_text().startswith("turn 1/")
+        # one turn counter: the observation's own "Turn t/budget"
+        assert page.locator("#stepno").inner_text().split()[1].lower() in page.locator("#obs").inner_text().lower()
         assert page.locator("#obs").inner_text() != first_obs
         page.select_option("#episode", str(n_eps - 1))
         assert page.locator("#meta").inner_text().startswith("C · cycle 2")
@@ -126,9 +131,11 @@ def test_html_report_renders_in_headless_chromium(bench):
         assert [h.split(" ·")[0] for h in heads[1:]] == same == ["A", "B", "C"]
         longest = max(len(e.steps) for arm in per_cycle for e in per_cycle[arm][1] if (e.scenario_id, e.seed) == (first.scenario_id, first.seed))
         assert page.locator("table.compare tr[data-step]").count() == longest
+        # the seed as the records hold it (63-bit: a JavaScript number would round it)
+        assert first.seed > 2**53 and f"seed {first.seed}:" in " ".join(page.locator("p.small").all_inner_texts())
         assert first.steps[0].action.executed in page.locator("table.compare tr[data-step]").first.inner_text()
         page.locator("table.compare tr[data-step]").nth(2).click()
-        assert page.locator("#stepno").inner_text().startswith("step 3")
+        assert page.locator("#stepno").inner_text().startswith("turn 2/")
         page.locator("table.compare th a").nth(1).click()  # B's column header opens B's episode
         assert page.locator("#meta").inner_text().startswith(f"B · cycle 1 · {first.scenario_id}")
         assert errors == []

@@ -415,7 +415,7 @@ def test_help_keeps_bracketed_text():
 
     r = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "400"})
     flat = re.sub(r"[\s│]+", " ", r.output)
-    assert "socialworld[scale]" in flat and "[default: runs/eval-<policy>-s<seed>]" in flat, flat
+    assert "socialworld[scale]" in flat and "[default: runs/eval-<policy>-s<seed>, or the first of" in flat, flat
 
 
 def test_list_options_split_on_commas_but_paths_do_not(monkeypatch, tmp_path):
@@ -459,6 +459,43 @@ def test_eval_output_is_checked_before_the_episodes(tmp_path, monkeypatch):
     assert EvalConfig(policy="openai:gpt-x@http://127.0.0.1:9/v1").out_dir().name == "eval-openai_gpt-x_http___127.0.0.1_9_v1-s0"
 
 
+@pytest.mark.parametrize("width", [80, 140])
+def test_tables_fit_the_terminal_without_cutting_a_cell(tmp_path, monkeypatch, width):
+    """At 80 columns the metric tables fit, every id and number whole (optional columns left out,
+    and the caption says which); a wider terminal shows them."""
+    from rich.console import Console
+
+    import socialworld.cli.main as main
+    from socialworld.world.spec import load_builtin_scenarios
+
+    monkeypatch.setattr(main, "console", Console(width=width))
+    r = runner.invoke(app, ["eval", "--policy", "expert", "--episodes", "1", "--out", str(tmp_path / "e")])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    start = next(i for i, ln in enumerate(lines) if "by tier" in ln)
+    tables = [ln for ln in lines[start:] if not ln.startswith("records:")]
+    assert all(len(ln) <= width for ln in tables) and "…" not in r.output
+    rows = {ln.split()[0]: ln.split()[1:] for ln in tables if ln.split() and ln.split()[0] in load_builtin_scenarios()}
+    assert len(rows) == 8 and all(all(c.replace(".", "").isdigit() for c in cells) for cells in rows.values())
+    header = [ln for ln in tables if ln.startswith("scenario ")]
+    assert len(header) == 1 and ("endpoint fail" in header[0]) == (width > 80)
+    assert ("left out at 80 columns" in r.output) == (width == 80)
+    assert f"records: {tmp_path / 'e'}/episodes.jsonl, {tmp_path / 'e'}/episodes.parquet;" in r.output  # a path never broken
+
+
+def test_the_default_eval_folder_keeps_every_run(tmp_path, monkeypatch):
+    """Without --out the README's command runs twice: the second run writes the next free folder
+    (an explicit --out that holds records is still refused, above)."""
+    monkeypatch.chdir(tmp_path)
+    base = ["eval", "--policy", "expert", "--scenario", "team_lunch", "--episodes", "1"]
+    for _ in range(2):
+        r = runner.invoke(app, base, terminal_width=200)
+        assert r.exit_code == 0, r.output
+    first, second = tmp_path / "runs" / "eval-expert-s0", tmp_path / "runs" / "eval-expert-s0-2"
+    assert (first / "episodes.jsonl").read_bytes() == (second / "episodes.jsonl").read_bytes()
+    assert f"records: {second.relative_to(tmp_path)}/episodes.jsonl" in " ".join(r.output.split())
+
+
 @pytest.mark.parametrize("args", [["play", "team_lunch", "--policy", "bundled"], ["tom", "--stories", "1"], ["serve"],
                                   ["eval", "--policy", "bundled", "--scenario", "team_lunch"]])
 def test_a_missing_bundled_model_is_one_line(args, monkeypatch, tmp_path):
@@ -486,6 +523,16 @@ def test_serve_on_an_occupied_port_is_one_line(monkeypatch):
     assert r.exit_code == 2 and "127.0.0.1:8123 is in use" in r.output and "--port" in r.output
 
 
+def test_serve_help_names_its_own_model_option():
+    """``serve`` takes the model as --model: its --adapters help says so (eval's says --policy)."""
+    from socialworld.cli.main import adapters_help
+
+    assert "--model <model>+<folder>" in adapters_help("--model") and "--policy" not in adapters_help("--model")
+    r = runner.invoke(app, ["serve", "--help"], terminal_width=200)
+    text = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 0 and "deployed on --model" in text and "--policy <model>" not in text
+
+
 def test_progress_in_a_log_file_is_plain_lines_counting_turns_with_an_eta(tmp_path):
     """A lockstep batch finishes its episodes together, so rollouts count turns: each step's, plus
     the unused budget of an episode that ends (the team lunch budget is 7 turns, 2 episodes)."""
@@ -493,7 +540,7 @@ def test_progress_in_a_log_file_is_plain_lines_counting_turns_with_an_eta(tmp_pa
     assert r.exit_code == 0, r.output
     lines = [ln for ln in r.output.splitlines() if ln.startswith("eval expert (turns): ")]
     assert lines[0].split(",")[0] == "eval expert (turns): 1/14" and lines[-1].split(",")[0] == "eval expert (turns): 14/14"
-    assert all("eta" in ln for ln in lines)
+    assert all("eta" in ln for ln in lines[1:]) and "eta" not in lines[0]  # no rate from the first item (start-up)
 
 
 def test_a_run_logs_to_its_own_folder(tmp_path, monkeypatch):

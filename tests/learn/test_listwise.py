@@ -62,7 +62,7 @@ def test_the_trie_distribution_is_over_the_legal_actions_and_blocks_score_like_s
     alone = prob("propose(food, pizza, all)", {"propose(food, pizza, all)": 1.0}, "propose(food, pizza, all)")
     beside = prob("propose(food, pizza, all)", {"inquire(ann, food)": 0.0, "propose(food, pizza, all)": 1.0}, "inquire(ann, food)")
     assert beside == pytest.approx(alone, rel=1e-4)
-    assert row_loss(model, [build_row(pair({"inquire(ann, food)": 0.0}), tok, 0.05, 0.05, 4096)], pad).item() > 0
+    assert row_loss(model, [build_row(pair({"inquire(ann, food)": 0.0}), tok, 0.05, 0.05, 4096)], pad, 0.2).item() > 0
 
 
 def _logps(model, row, pad) -> list[float]:
@@ -72,23 +72,70 @@ def _logps(model, row, pad) -> list[float]:
     from socialworld.learn.listwise import _block_logps, _forward
 
     with torch.no_grad():
-        hidden, head = _forward(model, [row], pad)
-        return [float(x) for x in _block_logps(head, hidden[0], row)]
+        return [float(x) for x in _block_logps(_forward(model, [row], pad), 0, row)]
 
 
 @needs_torch
-def test_training_raises_the_probability_of_the_higher_valued_candidate(tiny_dir, tmp_path):
+def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir):
+    """With an activated adapter (PEFT's aLoRA) the trainer reads the prompt under the base model
+    and the replies under the adapter: each block's log-probability is the one from PEFT's own
+    forward over the prompt and that candidate alone; in a batch of two rows of other lengths too."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from socialworld.learn.listwise import _block_logps, _forward, build_row, invocation
+    from socialworld.learn.train import assistant_header, load_trainable
+
+    model, tok = load_trainable(tiny_dir)
+    torch.manual_seed(3)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=512, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
+                                             alora_invocation_tokens=assistant_header(tok), task_type="CAUSAL_LM"))
+    assert invocation(model) == assistant_header(tok)
+    model.eval()
+    pad = tok.pad_token_id
+    two = build_row(pair({"inquire(ann, food)": 0.0, "propose(food, pizza, all)": 1.0}), tok, 0.05, 0.05, 4096)
+    other = pair({"wait()": 0.0}, chosen="wait()")
+    other = other.model_copy(update={"prompt": other.prompt + [{"role": "assistant", "content": "ACTION: wait()"},
+                                                               {"role": "user", "content": "Turn 2/5. Bo says hi."}]})
+    one = build_row(other, tok, 0.05, 0.05, 4096)
+
+    def alone(row, block: int) -> float:
+        """log P(block's candidate) by PEFT's forward over the shared prefix and that block"""
+        s, e = row.blocks[block]
+        ids = row.ids[: row.blocks[0][0]] + row.ids[s:e]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+        shift = row.blocks[0][0] - s
+        total = 0.0
+        for ci, at, allowed, t in row.choices:
+            if ci == block:
+                i = at if at < row.blocks[0][0] else at + shift
+                total += float(torch.log_softmax(logits[i, allowed], -1)[allowed.index(t)])
+        return total
+
+    with torch.no_grad():
+        batched = _forward(model, [two, one], pad)
+        got = [[float(x) for x in _block_logps(batched, b, r)] for b, r in enumerate((two, one))]
+    assert got[0] == pytest.approx([alone(two, 0), alone(two, 1)], abs=1e-4)
+    assert got[1] == pytest.approx([alone(one, 0)], abs=1e-4)
+    with torch.no_grad(), model.disable_adapter():
+        assert [float(x) for x in _block_logps(_forward(model, [two], pad), 0, two)] != pytest.approx(got[0], abs=1e-3)
+
+
+@needs_torch
+@pytest.mark.parametrize("activated", [False, True])
+def test_training_raises_the_probability_of_the_higher_valued_candidate(tiny_dir, tmp_path, activated):
     """A few listwise steps on states where the simulator's values favour another action than the
-    label: that action's probability over the legal set rises."""
+    label: that action's probability over the legal set rises (an activated adapter too)."""
     import torch
 
     from socialworld.learn.config import TrainConfig
-    from socialworld.learn.listwise import build_row
+    from socialworld.learn.listwise import build_row, invocation
     from socialworld.learn.train import TRAIN_RECORD, load_trainable, train_adapter
 
     better = {"inquire(ann, food)": 0.2, "propose(food, pizza, all)": 0.6, "wait()": 0.0}
     pairs = [pair(better)]
-    cfg = TrainConfig(method="listwise", steps=12, batch_size=1, learning_rate=5e-3, lora_r=4)
+    cfg = TrainConfig(method="listwise", steps=12, batch_size=1, learning_rate=5e-3, lora_r=4, activated=activated)
     model, tok = load_trainable(tiny_dir)
     row = build_row(pairs[0], tok, cfg.value_temperature, cfg.value_margin, cfg.max_length)
     target = "propose(food, pizza, all)"
@@ -98,6 +145,7 @@ def test_training_raises_the_probability_of_the_higher_valued_candidate(tiny_dir
     res = train_adapter(tiny_dir, tmp_path / "a", cfg, pairs=pairs)
     assert res.steps == 12 and (tmp_path / "a" / TRAIN_RECORD).exists()
     trained, _ = load_trainable(tiny_dir, tmp_path / "a")
+    assert (invocation(trained) is not None) == activated
     with torch.no_grad():
         after = _logps(trained, row, tok.pad_token_id)[1]
     assert after > before + 0.5

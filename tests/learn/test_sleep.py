@@ -390,7 +390,7 @@ def test_pairs_of_earlier_formats_read_back_without_chosen_by(lunch, random_eps,
 
 def test_values_of_every_candidate_recorded_with_provenance_and_reproducible(lunch, random_eps, tmp_path):
     """``values``: each action pair carries every scored candidate's value (the label's and the
-    taken action's among them) and the legal set; the same seed gives the same numbers; pair-v4
+    taken action's among them) and the legal set (without values, the legal set alone); the same seed gives the same numbers; pair-v4
     files round-trip them, and the values are real rollouts from the pair's state."""
     ref = run_episodes(make_policy("expert"), [EpisodeJob(lunch, 11)])[0]
     cfg = SleepConfig(rollouts=3, horizon=6, max_candidates=6, reference_pairs="own", values="imagined", discount=0.9,
@@ -416,4 +416,5 @@ def test_values_of_every_candidate_recorded_with_provenance_and_reproducible(lun
     write_pairs(tmp_path / "v4.parquet", pairs)
     assert read_pairs(tmp_path / "v4.parquet") == pairs
     plain = reference_pairs(lunch, ref, replace(cfg, values="off"), GatingReport())
-    assert all(p.candidates is None and p.legal is None for p in plain)
+    # without values every action pair still names the legal set (the listwise decision trains on it)
+    assert plain and all(p.candidates is None and p.legal == q.legal for p, q in zip(plain, pairs))

@@ -129,13 +129,16 @@ def test_deployed_policy_records_both_adapters(specs, tiny_dir, pairs, tmp_path)
 
 
 @slow
-def test_completion_only_loss_equals_trls(tiny_dir, pairs, tmp_path, monkeypatch):
-    """The SFT loss projected at completion positions only is TRL's own loss (fp32, same seed)."""
+@pytest.mark.parametrize("activated", [False, True])
+def test_completion_only_loss_equals_trls(tiny_dir, pairs, tmp_path, monkeypatch, activated):
+    """The SFT loss projected at completion positions only is TRL's own loss (fp32, same seed), an
+    activated adapter's too (PEFT finds its invocation in each row: the loss moves, it is trained)."""
     from trl import SFTTrainer
 
     import socialworld.learn.train as train_mod
 
-    cfg = TrainConfig(method="sft", steps=2, batch_size=2, dtype="float32", max_length=1024)
+    cfg = TrainConfig(method="sft", steps=2, batch_size=2, dtype="float32", max_length=1024, activated=activated,
+                      learning_rate=1e-2)
     ours = train_adapter(tiny_dir, tmp_path / "ours", cfg, pairs=pairs)
     monkeypatch.setattr(train_mod, "_completion_sft_trainer", lambda: SFTTrainer)
     trls = train_adapter(tiny_dir, tmp_path / "trl", cfg, pairs=pairs)

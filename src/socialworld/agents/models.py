@@ -210,30 +210,39 @@ def bundled_gguf() -> Path:
 
 def bundled_path() -> Path:
     """The safetensors copy of the bundled model, converting the GGUF on first use (atomic:
-    written to a temporary folder in the cache, then renamed)."""
+    written to a temporary folder in the cache, then renamed). The conversion says so in one line
+    on stderr; the libraries' own progress bars (the GGUF converter's direct ``tqdm``, the shard
+    writer's) are kept off it."""
     target = cache_dir() / "smollm2-135m-instruct"
     if (target / "config.json").exists():
         return target
     gguf = bundled_gguf()
+    import contextlib
+    import io
+    import sys
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # the dequantised model still claims to be quantised; un-flag it so it saves and trains
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None
-    model.is_quantized = False
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".smollm2-"))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        shareable(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    print(f"socialworld: converting the bundled model (SmolLM2-135M-Instruct, {gguf.stat().st_size / 1e6:.0f} MB GGUF) "
+          f"to safetensors once, into {target}", file=sys.stderr, flush=True)
+    with contextlib.redirect_stderr(io.StringIO()):  # the libraries' progress bars (errors still raise)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # the dequantised model still claims to be quantised; un-flag it so it saves and trains
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.is_quantized = False
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".smollm2-"))
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tok.save_pretrained(tmp)
+            shareable(tmp)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return target
 
 
@@ -330,6 +339,9 @@ def export_merged(spec: str, out: str | Path, track: str = "action") -> Path:
     target = Path(out)
     if target.exists():
         raise ValueError(f"{target} exists: choose another --out or remove it")
+    if json.loads((Path(found[track]) / "adapter_config.json").read_text()).get("alora_invocation_tokens"):
+        raise ValueError(f"the {track} adapter in {ms.adapters} is activated (aLoRA: the base model reads the prompt), so no "
+                         "merged model equals it: serve it with its adapters (socialworld serve, or vLLM with aLoRA support)")
     from peft import PeftModel
 
     model, tok = load_hf(bundled_path() if ms.kind == "bundled" else ms.name, dtype="float32")

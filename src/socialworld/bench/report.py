@@ -103,9 +103,20 @@ TABLES = (("Main table (last cycle, 95% bootstrap intervals)", main_rows),
           ("LM judge (last cycle; proxy evidence, beside the rule metrics, never in them)", judge_rows))
 
 
+def cut_note(doc: dict) -> str | None:
+    """What a budget that cuts episodes short means for the numbers (the smoke preset), or None."""
+    cap = (doc.get("preset") or {}).get("max_turns", 0)
+    if not cap:
+        return None
+    return (f"A smoke-sized run: every episode stops after {cap} turns (preset `{doc['config']['preset']}`), before most "
+            "scenarios can be settled, so few or no episodes pass in any arm, the oracle's too, and the plots have little "
+            "to draw. It shows that the protocol runs end to end, not what the policy learns: the `default` preset does.")
+
+
 def markdown(doc: dict) -> str:
     cfg = doc["config"]
-    out = [f"# ASCENT-Bench report ({doc['version']}, {doc['metrics_contract']})", "",
+    note = cut_note(doc)
+    out = [f"# ASCENT-Bench report ({doc['version']}, {doc['metrics_contract']})", "", *([f"**{note}**", ""] if note else []),
            f"Model `{cfg['model']}`, preset `{cfg['preset']}`, seed {cfg['seed']}, unlocking `{cfg['unlock']}`; "
            f"Pass iff CR >= {doc['thresholds']['CR']} and D >= {doc['thresholds']['D']} and no guard is broken; "
            "Solved iff every decision is finalized and no guard is broken (CR counts decisions and conflicts only). "
@@ -263,7 +274,9 @@ def viewer_episode(arm: str, cycle: int, ep: EpisodeRecord, intern: Callable[[st
 
     return {
         "key": f"{arm} · cycle {cycle} · {ep.scenario_id} · seed {ep.seed}",
-        "arm": arm, "cycle": cycle, "scenario": ep.scenario_id, "tier": ep.tier, "seed": ep.seed,
+        "arm": arm, "cycle": cycle, "scenario": ep.scenario_id, "tier": ep.tier,
+        "seed": str(ep.seed),  # a string: JavaScript's numbers round 63-bit seeds (and the page would name another episode)
+        "budget": ep.steps[0].setting.turn_budget if ep.steps else None,
         "passed": bool(m.passed) if m else None,
         "metrics": {k: {"value": getattr(m, k).value, "source": getattr(m, k).source} for k in ("U", "A_e", "S_npc", "D", "CR")} if m else {},
         "steps": [{
@@ -386,7 +399,8 @@ function show() {
   const s = e.steps[+slider.value];
   document.getElementById('meta').innerHTML = esc(e.key) + ' — ' + Object.entries(e.metrics).map(
     ([k, v]) => `${k} ${v.value === null ? '–' : v.value.toFixed(2)} (${v.source})`).join(', ');
-  document.getElementById('stepno').textContent = s ? `step ${s.t + 1} / ${e.steps.length}` : 'no steps';
+  // one counter, the observation's own ("turn 3/7": turns of the scenario's budget already taken)
+  document.getElementById('stepno').textContent = s ? `turn ${s.t}/${e.budget} (${e.steps.length} played)` : 'no steps';
   document.getElementById('cmp').innerHTML = compare(e);
   if (!s) return;
   document.getElementById('obs').textContent = s.observation;
@@ -456,6 +470,7 @@ def html_report(doc: dict, images: dict[str, str], episodes: list[dict], shared:
                       for name in ("arm", "cycle", "scenario", "tier", "outcome"))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ASCENT-Bench report</title><style>{CSS}</style></head>
 <body><h1>ASCENT-Bench report</h1>
+{f'<p class="note"><b>{html.escape(note).replace("`", "")}</b></p>' if (note := cut_note(doc)) else ""}
 <p>{html.escape(doc['version'])} · {html.escape(doc['metrics_contract'])} · model <code>{html.escape(cfg['model'])}</code> · preset <code>{html.escape(cfg['preset'])}</code>
 · seed {cfg['seed']} · unlocking <code>{html.escape(cfg['unlock'])}</code> · Pass iff CR &ge; {doc['thresholds']['CR']} and D &ge; {doc['thresholds']['D']} and no guard is broken
 · Solved iff every decision is finalized and no guard is broken. Intervals are 95% percentile bootstrap intervals over n episodes;
@@ -467,10 +482,16 @@ a table row's first cell opens its episodes in the viewer.</p>
 <button id="next">&rarr;</button> <span id="stepno"></span></p><p id="meta" class="small"></p>
 <div class="viewer"><section><h3>Observation (the world's render of what the agent observed)</h3><pre id="obs"></pre></section>
 <section><h3>Prompt (what the language model received)</h3><div id="prompt"></div></section>
-<section><h3>Mental state: stated vs truth</h3><div id="mind"></div></section>
+<section><h3>Mental state: stated vs truth</h3><p class="small">stated: what the agent wrote on its BELIEF line (its
+estimate of each NPC's preferred option and mood); truth: the NPC's hidden state, which the agent never sees. U scores the
+share of these it gets right.</p><div id="mind"></div></section>
 <section><h3>Action</h3><div id="act"></div></section>
 <section><h3>Dialogue</h3><div id="talk"></div></section>
-<section><h3>Signals and their provenance</h3><table id="sig"></table></section>
+<section><h3>Signals and their provenance</h3><p class="small">align: share of the hidden facts the stated mental state
+gets right (align_t); reward: the world's step reward (r_t); penalty: the step's waste cost (c_t: illegal, unparseable, an
+avoidable wait or repeat); q: the words' dialogue score (q_t); mood:&lt;npc&gt;: that NPC's mood after the step. Source: where
+the number comes from (direct: the simulator; fused; proxy: a model's judgement); detail: the rule that made it.</p>
+<table id="sig"></table></section>
 <section class="wide"><h3>Same episode, every arm (click a step or an arm)</h3><div id="cmp"></div></section></div>
 <script type="application/json" id="episodes">{data}</script>
 <script type="application/json" id="shared">{texts}</script>

@@ -9,13 +9,14 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.table import Table as RichTable
 from rich.text import Text
 
 from socialworld.bench.config import BENCH_ADDED_FIELDS, BenchConfig
@@ -33,6 +34,39 @@ COUNT, SEED, PORT = at_least(1), at_least(0), within(1, 65535)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A seeded social world for language agents.")
 console = Console()
+
+
+class Table(RichTable):
+    """The command line's tables: light rules and one space between columns, cells never wrapped or
+    cut (an id, a number). A column added with ``optional=True`` is left out, the rightmost first,
+    where the terminal is too narrow for the whole table, and the caption says which: a metric table
+    fits 80 columns, a wider terminal shows more, ``--json`` everything."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("box", box.SIMPLE_HEAD)
+        kwargs.setdefault("padding", (0, 0))  # the rule's own blank separates columns
+        kwargs.setdefault("show_edge", False)
+        super().__init__(*args, **kwargs)
+        self._optional: list[Any] = []
+
+    def add_column(self, *args: Any, optional: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("no_wrap", True)
+        super().add_column(*args, **kwargs)
+        if optional:
+            self._optional.append(self.columns[-1])
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        from rich.measure import Measurement
+
+        hidden = []
+        while self._optional and Measurement.get(console, options.update_width(1 << 16), self).maximum > options.max_width:
+            column = self._optional.pop()
+            self.columns.remove(column)
+            hidden.insert(0, str(column.header).replace("\n", " "))
+        if hidden:
+            self.caption = (f"{', '.join(hidden)} left out at {options.max_width} columns "
+                            "(a wider terminal or --json shows them)")
+        yield from super().__rich_console__(console, options)
 H = lambda name: help_for(EvalConfig, name)  # noqa: E731
 LOG_FILE = "runs/socialworld.log"
 """where third-party warnings go (override with SOCIALWORLD_LOG); made only when one is written"""
@@ -81,11 +115,12 @@ def _param(name: str, annotation, option) -> inspect.Parameter:
 
 
 def _say(msg: str) -> None:
-    """Print library text literally: never as rich markup ('[a-z0-9_]' is not a style tag); and
-    into the run's log once the command has one (:func:`_run_log`)."""
+    """Print library text literally: never as rich markup ('[a-z0-9_]' is not a style tag), and
+    unwrapped (the terminal wraps it: a path stays whole to copy); and into the run's log once the
+    command has one (:func:`_run_log`)."""
     import logging
 
-    console.print(msg, markup=False)
+    console.print(msg, markup=False, soft_wrap=True)
     logging.getLogger("socialworld").info(msg)
 
 
@@ -118,8 +153,13 @@ def _run_log(out: str | Path) -> None:
             own.propagate = False
 
 
-ADAPTERS_HELP = ("a trained policy's LoRA adapters deployed on --policy (a local model): a loop or bench run folder "
-                 "(its last cycle), a cycle folder (cycle-<c>) or one adapter folder; the same as --policy <model>+<folder>")
+def adapters_help(option: str = "--policy") -> str:
+    """``--adapters``' help, naming the option that takes the model (``--policy``, ``serve``'s ``--model``)."""
+    return (f"a trained policy's LoRA adapters deployed on {option} (a local model): a loop or bench run folder "
+            f"(its last cycle), a cycle folder (cycle-<c>) or one adapter folder; the same as {option} <model>+<folder>")
+
+
+ADAPTERS_HELP = adapters_help()
 
 
 RECORDED_KEYS = ("user_scenarios", CONTRACT_KEY, PAIRS_KEY)
@@ -144,7 +184,9 @@ def scenarios(as_json: bool = typer.Option(False, "--json", help="print one JSON
     if as_json:
         print(json.dumps([{"id": s.id, "tier": s.tier} for s in specs.values()]))
         return
-    t = Table("id", "tier", "name", "npcs", "decisions", "turns")
+    t = Table()
+    for head in ("id", "tier", "name", "npcs", "decisions", "turns"):  # words wrap, ids and numbers never
+        t.add_column(head, no_wrap=head not in ("name", "decisions"), justify="right" if head in ("npcs", "turns") else "left")
     for s in specs.values():
         t.add_row(s.id, s.tier, s.name, str(len(s.npcs)), ", ".join(s.slot_ids), str(s.turn_budget))
     console.print(t)
@@ -180,6 +222,7 @@ def _run_eval(cfg, adapters: str = "", as_json: bool = False) -> None:
     try:
         policy = _policy_spec(cfg.policy, adapters)
         cfg = replace(cfg, policy=policy)
+        cfg = replace(cfg, out=cfg.out_dir())  # the default folder resolved once (the next free one)
         specs = resolve_scenarios(cfg.scenarios, cfg.tiers)
         _run_log(cfg.out_dir())
         if as_json:
@@ -206,7 +249,7 @@ def _run_eval(cfg, adapters: str = "", as_json: bool = False) -> None:
         t = Table(title=f"{policy}: {title} ({summary['episodes']} episodes, {summary['metrics_contract']})")
         t.add_column("tier" if title == "by tier" else "scenario")
         for c in ("n", *cols):
-            t.add_column(heads.get(c, c), justify="right")
+            t.add_column(heads.get(c, c), justify="right", optional=c in ("parse_failure_rate", "endpoint_failure_rate"))
         for key, m in rows.items():
             t.add_row(key, str(m["n"]), *(f"{m[c]:.2f}" for c in cols))
         console.print(t)
@@ -391,15 +434,18 @@ def _bars():
         return
 
     def plain(what: str, total: int):
-        t0, done, said = time.monotonic(), [0], [-PLAIN_EVERY_S]
+        t0, done, said, first = time.monotonic(), [0], [-PLAIN_EVERY_S], [0.0]
 
         def advance(_ep) -> None:
             done[0] += 1
             spent = time.monotonic() - t0
+            if done[0] == 1:
+                first[0] = spent  # it carries the start-up (loading a model, a first batch's prefill)
             if done[0] in (1, total) or spent - said[0] >= PLAIN_EVERY_S:
                 said[0] = spent
-                eta = spent / done[0] * (total - done[0])
-                _say(f"{what}: {done[0]}/{total}, {spent:.0f} s, eta {eta:.0f} s")
+                # the rate after the first item: the start-up would put the first estimates hours off
+                eta = f", eta {(spent - first[0]) / (done[0] - 1) * (total - done[0]):.0f} s" if done[0] > 1 else ""
+                _say(f"{what}: {done[0]}/{total}, {spent:.0f} s{eta}")
         return advance
 
     yield plain
@@ -577,7 +623,7 @@ def export_cmd(
 @app.command("serve")
 def serve_cmd(
     model: str = typer.Option("bundled", help="model spec to serve: bundled, a local path or hub id (also its model id)"),
-    adapters: str = typer.Option("", help=ADAPTERS_HELP + "; the action adapter writes the replies"),
+    adapters: str = typer.Option("", help=adapters_help("--model") + "; the action adapter writes the replies"),
     host: str = typer.Option("127.0.0.1", help="address to bind"),
     port: int = typer.Option(8000, help=f"port ({PORT})"),
     max_new_tokens: int = typer.Option(64, help=f"default max_tokens of a request ({COUNT})"),

@@ -124,6 +124,12 @@ class TrainConfig:
         "listwise: temperature of the soft target over the candidates (in units of value)")})
     value_margin: float = field(default=0.05, metadata={"check": at_least(0), "help": (
         "listwise: a candidate joins the target beside chosen only when its value beats chosen's by this much")})
+    decision_weight: float = field(default=0.2, metadata={"check": at_least(0), "help": (
+        "listwise: weight W of the decision's term against the per-token likelihood of the belief and words")})
+    activated: bool = field(default=False, metadata={"help": (
+        "LoRA acts from the reply's assistant header on, the prompt read by the base model (PEFT's activated LoRA, "
+        "alora_invocation_tokens): listwise then reads each batch's prompts once without gradient and trains on the "
+        "replies alone; decoding prefills the prompts under the base model")})
     seed: int = field(default=0, metadata={"check": within(0, 2**32 - 1), "help": "trainer seed (numpy's range)"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": (
         "recompute activations in the backward pass (TRL's own default is on: it saves memory and costs time; "
@@ -192,7 +198,8 @@ LOOP_ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "reference_episodes":
                      "sleep": {"values": "off", "discount": 1.0, "reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin",
                                "judge_margin": 2.0},
                      "train": {"max_epochs": 0.0, "lora_upper": 1.0, "dtype": "float32", "balance": 0,
-                               "value_temperature": 0.05, "value_margin": 0.05}}
+                               "value_temperature": 0.05, "value_margin": 0.05,
+                               "decision_weight": 0.2, "activated": False}}
 """Config fields added after runs were written, each with the value that behaves as the code did
 before it: a stored config without one resumes as if it had that value. (Not every default
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""

@@ -17,7 +17,7 @@ chosen is the pair's own label (the expert's action, DAgger's), kept where the v
 separate the candidates by ``value_margin``; where a candidate beats it by that much, the
 simulator's improvement takes the mass. The loss per state is
 
-    L = NLL(BELIEF line, SAY line of chosen) / tokens - DECISION_WEIGHT * sum_a p(a) log P(a | s)
+    L = NLL(BELIEF line, SAY line of chosen) / tokens - W * sum_a p(a) log P(a | s)
 
 the words and belief by plain next-token likelihood (the warm start, what SFT taught), the
 decision by the listwise term only: a gradient that moves mass among legal actions alone, never
@@ -34,6 +34,14 @@ One row per state: the prompt and the BELIEF line once, then one block per suppo
 and to itself (a 4-D attention mask, position ids continuing the prefix): one forward pass scores
 every candidate. TRL has no listwise trainer; this one is a plain AdamW loop over the PEFT model
 (the same LoRA layers, saving, record and seeds as :func:`socialworld.learn.train.train_adapter`).
+
+An *activated* adapter (PEFT's aLoRA: ``alora_invocation_tokens``, the chat template's assistant
+header; :attr:`TrainConfig.activated`) acts from the reply's header on: the prompt is the base
+model's. Each batch then reads its prompts once under the base model without gradient (their KV
+cache) and runs only the replies (header, BELIEF line, candidate blocks) through the adapter: the
+prompt's ~400 tokens never enter the backward pass, about a third of a step's cost here
+(docs/experiments/2026-11-27-activated-adapter.md). The decoder prefills such an adapter's prompts
+under the base model too (:mod:`socialworld.agents.lm.constrained`).
 """
 
 from __future__ import annotations
@@ -43,12 +51,10 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from socialworld.agents.lm.constrained import activation_start
 from socialworld.learn.config import TrainConfig
 from socialworld.learn.sleep import Pair
 from socialworld.text.reply import ACTION, SAY, action_kind, reply_fields
-
-DECISION_WEIGHT = 0.2
-"""weight of the listwise decision term against the per-token likelihood of the turn's words (see above)"""
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,21 @@ def build_row(pair: Pair, tok: Any, temperature: float, margin: float, max_lengt
     return Row(ids, positions, blocks, nll, nll_targets, choices, plist, keys, action_kind(turn))
 
 
+def _row_mask(r: Row) -> Any:
+    """Row ``r``'s attention (query x key, True: attends): causal over the shared prefix; each block
+    attends to the prefix and causally to itself."""
+    import torch
+
+    L = len(r.ids)
+    n = r.blocks[0][0] if r.blocks else L
+    mask = torch.zeros((L, L), dtype=torch.bool)
+    mask[:n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+    for s, e in r.blocks:
+        mask[s:e, :n] = True
+        mask[s:e, s:e] = torch.ones(e - s, e - s, dtype=torch.bool).tril()
+    return mask
+
+
 def _batch(rows: Sequence[Row], pad: int) -> tuple[Any, Any, Any]:
     """Right-padded ids and position ids, and the 4-D attention mask (None where every row is one
     block: then plain causal attention is the same, and SDPA keeps its fused kernel)."""
@@ -149,36 +170,87 @@ def _batch(rows: Sequence[Row], pad: int) -> tuple[Any, Any, Any]:
         return ids, pos, None
     mask = torch.zeros((len(rows), 1, L, L), dtype=torch.bool)
     for b, r in enumerate(rows):
-        n = r.blocks[0][0] if r.blocks else len(r.ids)
-        mask[b, 0, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
-        for s, e in r.blocks:
-            mask[b, 0, s:e, :n] = True
-            mask[b, 0, s:e, s:e] = torch.ones(e - s, e - s, dtype=torch.bool).tril()
+        mask[b, 0, : len(r.ids), : len(r.ids)] = _row_mask(r)
         for i in range(len(r.ids), L):  # padding attends to itself (no empty softmax)
             mask[b, 0, i, i] = True
     return ids, pos, mask
 
 
-def _block_logps(head: Any, h: Any, r: Row) -> list[Any]:
-    """log P(candidate | state) of each block of row ``r`` from its hidden states ``h``: the sum
-    over the candidate's branch points of the log-softmax over the legal children there."""
-    import torch
-
-    logp = [h.new_zeros((), dtype=torch.float32) for _ in r.probs]
-    if r.choices:
-        at = head(h[[c[1] for c in r.choices]]).float()
-        for k, (ci, _, allowed, t) in enumerate(r.choices):
-            logp[ci] = logp[ci] + torch.log_softmax(at[k, allowed], -1)[allowed.index(t)]
-    return logp
+Logits = Callable[[int, Sequence[int]], Any]
+"""``logits(b, positions)``: the float logits at row ``b``'s given positions (row indices)"""
 
 
-def _forward(model: Any, rows: Sequence[Row], pad: int) -> tuple[Any, Any]:
-    """The rows' last hidden states under ``model`` (a PEFT model or a plain one), and its LM head."""
+def invocation(model: Any) -> list[int] | None:
+    """The active adapter's aLoRA invocation tokens (None: not an activated adapter)."""
+    config = getattr(model, "peft_config", {}).get(getattr(model, "active_adapter", None))
+    return getattr(config, "alora_invocation_tokens", None)
+
+
+def _forward(model: Any, rows: Sequence[Row], pad: int) -> Logits:
+    """The rows' logits under ``model`` (a PEFT model or a plain one): one forward pass, or for an
+    activated adapter the prompts under the base model without gradient, then the replies."""
+    inv = invocation(model)
+    if inv is not None:
+        return _forward_activated(model, rows, pad, inv)
     ids, pos, mask = _batch(rows, pad)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     hidden = base.model(input_ids=ids.to(base.device), attention_mask=None if mask is None else mask.to(base.device),
                         position_ids=pos.to(base.device), use_cache=False).last_hidden_state
-    return hidden, base.get_output_embeddings()
+    head = base.get_output_embeddings()
+    return lambda b, at: head(hidden[b][list(at)]).float()
+
+
+def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[int]) -> Logits:
+    """:func:`_forward` for an activated adapter: row b's ids before its last invocation (``S_b``)
+    are read by the base model (the KV cache, no gradient); the rest, under the adapter, attends to
+    them as :func:`_row_mask` says."""
+    import torch
+
+    starts = [activation_start(r.ids, inv) for r in rows]
+    for r, s in zip(rows, starts):
+        if any(i < s for i in r.nll) or any(c[1] < s for c in r.choices):
+            raise ValueError("an activated adapter's trained tokens must follow its invocation tokens in the prompt")
+    B, P = len(rows), max(starts)
+    T = max(len(r.ids) - s for r, s in zip(rows, starts))
+    dev = next(model.parameters()).device
+    prompt = torch.full((B, P), pad, dtype=torch.long)
+    prompt_mask = torch.zeros((B, P), dtype=torch.long)
+    ids = torch.full((B, T), pad, dtype=torch.long)
+    pos = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, 1, T, P + T), dtype=torch.bool)
+    for b, (r, s) in enumerate(zip(rows, starts)):
+        prompt[b, :s] = torch.tensor(r.ids[:s], dtype=torch.long)
+        prompt_mask[b, :s] = 1
+        n = len(r.ids) - s
+        ids[b, :n] = torch.tensor(r.ids[s:])
+        pos[b, :n] = torch.tensor(r.positions[s:])
+        full = _row_mask(r)
+        mask[b, 0, :n, :s] = full[s:, :s]
+        mask[b, 0, :n, P : P + n] = full[s:, s:]
+        for i in range(n, T):  # padding attends to itself (no empty softmax)
+            mask[b, 0, i, P + i] = True
+    cache = None
+    if P:
+        with torch.no_grad(), model.disable_adapter():
+            cache = model(input_ids=prompt.to(dev), attention_mask=prompt_mask.to(dev), use_cache=True,
+                          position_ids=torch.arange(P, device=dev).expand(B, -1), logits_to_keep=1).past_key_values
+    logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
+                   use_cache=cache is not None, alora_offsets=[T] * B).logits
+    return lambda b, at: logits[b, [i - starts[b] for i in at]].float()
+
+
+def _block_logps(logits: Logits, b: int, r: Row) -> list[Any]:
+    """log P(candidate | state) of each block of row ``r`` (row ``b`` of ``logits``): the sum over
+    the candidate's branch points of the log-softmax over the legal children there."""
+    import torch
+
+    logp: list[Any] = [torch.zeros((), dtype=torch.float32) for _ in r.probs]
+    if r.choices:
+        at = logits(b, [c[1] for c in r.choices])
+        logp = [x.to(at.device) for x in logp]
+        for k, (ci, _, allowed, t) in enumerate(r.choices):
+            logp[ci] = logp[ci] + torch.log_softmax(at[k, allowed], -1)[allowed.index(t)]
+    return logp
 
 
 def candidate_logprobs(model: Any, tok: Any, pair: Pair, cfg: TrainConfig) -> dict[str, float]:
@@ -189,26 +261,25 @@ def candidate_logprobs(model: Any, tok: Any, pair: Pair, cfg: TrainConfig) -> di
     row = build_row(pair, tok, cfg.value_temperature, cfg.value_margin, 1 << 30)
     assert row is not None
     with torch.no_grad():
-        hidden, head = _forward(model, [row], tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-        logp = _block_logps(head, hidden[0], row)
+        logp = _block_logps(_forward(model, [row], tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id), 0, row)
     return {k: float(x) for k, x in zip(row.keys, logp)}
 
 
-def row_loss(model: Any, rows: Sequence[Row], pad: int) -> Any:
-    """Mean over ``rows`` of the per-state loss (the module docstring's L)."""
+def row_loss(model: Any, rows: Sequence[Row], pad: int, decision_weight: float) -> Any:
+    """Mean over ``rows`` of the per-state loss (the module docstring's L, W = ``decision_weight``)."""
     import torch
     import torch.nn.functional as F
 
-    hidden, head = _forward(model, rows, pad)
+    logits = _forward(model, rows, pad)
     losses = []
     for b, r in enumerate(rows):
-        h = hidden[b]
-        logits = head(h[r.nll]).float()
-        nll = F.cross_entropy(logits, torch.tensor(r.nll_targets, device=logits.device), reduction="mean") \
-            if r.nll else logits.sum() * 0
-        logp = _block_logps(head, h, r)
-        listwise = -sum(p * lp for p, lp in zip(r.probs, logp))
-        losses.append(nll + DECISION_WEIGHT * listwise)
+        if r.nll:
+            at = logits(b, r.nll)
+            nll = F.cross_entropy(at, torch.tensor(r.nll_targets, device=at.device), reduction="mean")
+        else:
+            nll = logits(b, [0]).sum() * 0
+        listwise = -sum(p * lp for p, lp in zip(r.probs, _block_logps(logits, b, r)))
+        losses.append(nll + decision_weight * listwise)
     return torch.stack(losses).mean()
 
 
@@ -246,7 +317,7 @@ def train_listwise(model: Any, tok: Any, pairs: Sequence[Pair], cfg: TrainConfig
             assert row is not None
             batch.append(row)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = row_loss(model, batch, pad)
+            loss = row_loss(model, batch, pad, cfg.decision_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)  # as TRL's trainers (max_grad_norm 1.0)

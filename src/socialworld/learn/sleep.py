@@ -142,7 +142,8 @@ class Pair(BaseModel):
     """action track with ``PairBuild.values``: every candidate scored at the state with its value (chosen's
     and rejected's actions among them), in the order scored; None where values were not recorded"""
     legal: list[str] | None = None
-    """with ``candidates``: the keys of every legal action at the state (the set constrained decoding chooses from)"""
+    """action track: the keys of every legal action at the state (the set constrained decoding chooses from: a
+    listwise objective's decision); None in files written before it was recorded on every action pair"""
 
     @model_validator(mode="after")
     def _chosen_by_recorded(self) -> Pair:
@@ -357,11 +358,11 @@ def reference_pairs(spec: ScenarioSpec, ref: EpisodeRecord, cfg: PairBuild, repo
 
 
 def _scored(cfg: PairBuild, obs: Any, cands: Sequence[Action], values: dict[str, list[float]]) -> dict[str, Any]:
-    """A pair's ``candidates`` and ``legal`` fields where ``cfg.values`` records them, else none."""
+    """A pair's ``legal`` field, and its ``candidates`` where ``cfg.values`` records them."""
+    legal = {"legal": [a.key for a in legal_actions(obs)]}
     if cfg.values == "off":
-        return {}
-    return {"candidates": [Candidate(key=a.key, value=fmean(values[a.key])) for a in cands],
-            "legal": [a.key for a in legal_actions(obs)]}
+        return legal
+    return {"candidates": [Candidate(key=a.key, value=fmean(values[a.key])) for a in cands], **legal}
 
 
 def _say(w: World, a: Action) -> Action:

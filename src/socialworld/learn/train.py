@@ -152,21 +152,23 @@ def _completion_sft_trainer() -> Any:
     2-core CPU its chunked forward and backward took half of every training step (profiled:
     11.3 of 21.1 s over 3 steps of the bundled model). A completion is about a tenth of a row,
     so projecting just those positions makes a step about twice as fast; the loss is the same
-    mean token NLL over the completion."""
+    mean token NLL over the completion. The forward is the PEFT model's own (``logits_to_keep``:
+    the positions some row's completion needs), so an activated adapter (aLoRA) finds its
+    invocation in each row as PEFT does: calling the inner model directly left it switched off."""
     import torch
     import torch.nn.functional as F
     from trl import SFTTrainer
 
     class CompletionSFTTrainer(SFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            base = model.get_base_model() if hasattr(model, "get_base_model") else model
             labels = inputs["labels"][:, 1:]
-            mask = labels != -100
+            mask = labels != -100  # position i predicts token i + 1
+            keep = mask.any(0).nonzero().squeeze(-1)
             with self.accelerator.autocast():
-                hidden = base.base_model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"),
-                                         use_cache=False).last_hidden_state[:, :-1]
-                logits = base.get_output_embeddings()(hidden[mask]).float()
-            target = labels[mask]
+                out = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"), use_cache=False,
+                            logits_to_keep=keep)
+                logits = out.logits[mask[:, keep]].float()
+            target = labels[:, keep][mask[:, keep]]
             n = torch.as_tensor(mask.sum() if num_items_in_batch is None else num_items_in_batch).clamp(min=1)
             loss = F.cross_entropy(logits, target, reduction="sum") / n
             hits = (logits.detach().argmax(-1) == target).float()
@@ -175,6 +177,17 @@ def _completion_sft_trainer() -> Any:
             return (loss, None) if return_outputs else loss
 
     return CompletionSFTTrainer
+
+
+def assistant_header(tok: Any) -> list[int]:
+    """The tokens the chat template puts before every assistant reply (SmolLM2's
+    ``<|im_start|>assistant\n``): an activated adapter's invocation, so it acts on the reply alone."""
+    turn = [{"role": "user", "content": "x"}]
+    with_header = tok.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    without = tok.apply_chat_template(turn, tokenize=False)
+    if not with_header.startswith(without) or with_header == without:
+        raise ValueError("the chat template adds no assistant header of its own: an activated adapter has no invocation")
+    return tok(with_header[len(without):], add_special_tokens=False)["input_ids"]
 
 
 def load_trainable(base_path: str | Path, adapter: str | Path | None = None) -> tuple[Any, Any]:
@@ -246,6 +259,7 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
     peft_config = None if resume_from is not None else LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=list(cfg.target_modules),
         layers_to_transform=lora_layers(model.config.num_hidden_layers, cfg.lora_upper),
+        alora_invocation_tokens=assistant_header(tok) if cfg.activated else None,
         task_type="CAUSAL_LM")
     t0 = time.perf_counter()
     if cfg.method == "dpo":

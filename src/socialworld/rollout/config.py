@@ -67,7 +67,8 @@ class EvalConfig:
         "openai: endpoints: the most seconds one request may take, from connecting to the reply's last byte")})
     out: Path | None = field(
         default=None,
-        metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json [default: runs/eval-<policy>-s<seed>]"},
+        metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json [default: runs/eval-<policy>-s<seed>, "
+                          "or the first of runs/eval-<policy>-s<seed>-2, -3, ... that holds no records]"},
     )
     overwrite: bool = field(default=False, metadata={"help": "replace the records already in the output folder"})
     ray: str = field(default="", metadata={"help": RAY_HELP + "; scripted and openai: policies only, one episode per task"})
@@ -87,10 +88,17 @@ class EvalConfig:
     def out_dir(self) -> Path:
         """``out``, or ``runs/eval-<policy>-s<seed>`` with every character of the policy spec that is
         not a letter, digit, ``.``, ``_`` or ``-`` written ``_`` (an ``openai:m@http://h:1/v1`` spec
-        would otherwise nest folders, with colons no file system takes everywhere)."""
+        would otherwise nest folders, with colons no file system takes everywhere). Where that default
+        already holds records (and not ``overwrite``), the first of ``<default>-2``, ``-3``, ... that
+        holds none: the same command run twice keeps both runs. Resolve it once per run."""
         if self.out is not None:
             return Path(self.out)
-        return Path("runs") / f"eval-{re.sub(r'[^A-Za-z0-9._-]', '_', self.policy)}-s{self.seed}"
+        base = Path("runs") / f"eval-{re.sub(r'[^A-Za-z0-9._-]', '_', self.policy)}-s{self.seed}"
+        out, n = base, 1
+        while (out / "episodes.jsonl").exists() and not self.overwrite:
+            n += 1
+            out = base.with_name(f"{base.name}-{n}")
+        return out
 
     def check_out(self) -> Path:
         """Before any work: the output folder is writable, and holds no records unless ``overwrite``."""

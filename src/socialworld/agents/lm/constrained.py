@@ -19,6 +19,10 @@ the same tokens (up to float rounding; tested).
 Segments may name a PEFT adapter: each forward pass then runs every row under the adapter of
 the segment that will read its logits (PEFT's mixed-adapter batches, ``adapter_names=``), so one
 batch can decode an action with the action adapter and an utterance with the dialogue adapter.
+Where a row's first adapter is *activated* (PEFT's aLoRA: ``alora_invocation_tokens``), its
+prompt up to the last invocation (the chat template's assistant header) is prefilled under the
+base model, as PEFT's own generation does and as the adapter was trained
+(:mod:`socialworld.learn.listwise`); everything after runs under the segments' adapters.
 """
 
 from __future__ import annotations
@@ -69,6 +73,62 @@ def program_regex(program: Sequence[Segment]) -> str:
             stop = re.escape(seg.stop[0]) if seg.stop else ""
             parts.append(f"[^{stop}]*" if stop else ".*")
     return "".join(parts)
+
+
+def program_from_regex(pattern: str, max_tokens: int) -> list[Segment]:
+    """The program :func:`program_regex` wrote ``pattern`` from (free text of up to ``max_tokens``
+    tokens; choices and free runs named by position): how a server that decodes with this module
+    honours ``structured_outputs: {"regex": ...}`` from socialworld's clients. The language is that
+    function's: escaped literals, ``(?:a|b|...)`` of escaped literals, ``[^c]*`` and ``.*``; any
+    other pattern raises ``ValueError``."""
+    segs: list[Segment] = []
+    i, n = 0, len(pattern)
+
+    def literal(stop: str) -> str:
+        nonlocal i
+        out = []
+        while i < n and pattern[i] not in stop:
+            if pattern[i] == "\\":
+                if i + 1 >= n:
+                    raise ValueError("the pattern ends in a lone backslash")
+                out.append(pattern[i + 1])
+                i += 2
+            elif pattern[i] in "()[]{}.*+?|^$":
+                raise ValueError(f"unsupported pattern syntax {pattern[i]!r} at {i}")
+            else:
+                out.append(pattern[i])
+                i += 1
+        return "".join(out)
+
+    while i < n:
+        if pattern.startswith("(?:", i):
+            i += 3
+            options = [literal("|)")]
+            while i < n and pattern[i] == "|":
+                i += 1
+                options.append(literal("|)"))
+            if i >= n or pattern[i] != ")":
+                raise ValueError("an unclosed group")
+            i += 1
+            segs.append(Choice(f"choice{len(segs)}", tuple(options)))
+        elif pattern.startswith("[^", i):
+            end = pattern.find("]*", i + 2)
+            body = pattern[i + 2 : end] if end > 0 else ""
+            stop = body[1:] if body.startswith("\\") else body
+            if end < 0 or len(stop) != 1:
+                raise ValueError(f"unsupported character class at {i}: only [^c]* (one character) is")
+            i = end + 2
+            segs.append(Free(f"free{len(segs)}", max_tokens, stop))
+        elif pattern.startswith(".*", i):
+            i += 2
+            segs.append(Free(f"free{len(segs)}", max_tokens, ""))
+        else:
+            at = i
+            text = literal("([.")
+            if i == at:  # a "(", "[" or "." that begins none of the above
+                raise ValueError(f"unsupported pattern syntax {pattern[i]!r} at {i}")
+            segs.append(Forced(text))
+    return segs
 
 
 @dataclass(frozen=True)
@@ -218,6 +278,22 @@ class _Engine:
             self._enter(r)
 
 
+def activation_start(ids: Sequence[int], invocation: Sequence[int]) -> int:
+    """Where an activated adapter starts acting on ``ids``: the start of the last occurrence of
+    its ``invocation`` tokens (PEFT's ``calculate_alora_offsets``), else the end of ``ids`` (the
+    adapter acts on what follows them)."""
+    n = len(invocation)
+    for i in range(len(ids) - n, -1, -1):
+        if list(ids[i : i + n]) == list(invocation):
+            return i
+    return len(ids)
+
+
+def _invocation(model: Any, adapter: str | None) -> list[int] | None:
+    config = getattr(model, "peft_config", {}).get(adapter) if adapter else None
+    return getattr(config, "alora_invocation_tokens", None)
+
+
 class PrefixCache:
     """KV states of prompt prefixes (batch 1, per layer), kept across calls, least recently used
     dropped beyond ``max_entries``. Valid for one model state only: clear it when weights change."""
@@ -336,6 +412,13 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
         for text, e in zip(prefixes, enc):
             p = eng.ids(text)
             pre.append(tuple(p) if 0 < len(p) < len(e) and e[: len(p)] == p else ())
+    # rows whose first adapter is activated: the prompt before its invocation under the base model
+    mixed = any(getattr(seg, "adapter", None) for prog in programs for seg in prog)
+    active = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None  # what runs unnamed
+    first_adapter = [next((a for seg in prog if (a := getattr(seg, "adapter", None))), None) if mixed else active for prog in programs]
+    invs = [_invocation(model, a) for a in first_adapter]
+    base_end = [activation_start(e, inv) if inv is not None else 0 for e, inv in zip(enc, invs)]
+    pre = [p[:s] if inv is not None else p for p, s, inv in zip(pre, base_end, invs)]
     rows = [eng.row(prog, e[len(p) :]) for prog, e, p in zip(programs, enc, pre)]
     B = len(rows)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -343,12 +426,10 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
         N = max(len(p) for p in pre)
         cache = _Cache(model, B, N + max(len(e) - len(p) for e, p in zip(enc, pre))
                        + 3 * max(_completion_bound(r) for r in rows) // 2 + 16)  # rows drift apart: headroom
-        mixed = any(getattr(seg, "adapter", None) for r in rows for seg in r.program)
-
         def adapter(r: _Row) -> str:
             return (getattr(r.program[r.seg], "adapter", None) if r.seg < len(r.program) else None) or "__base__"
 
-        first = [adapter(r) if mixed else None for r in rows]
+        first = ["__base__" if inv is not None else adapter(r) if mixed else None for r, inv in zip(rows, invs)]
         if N:
             kvs = {(a, p): prefix_cache.get(model, p, a) for a, p in zip(first, pre) if p}
             layers = []
@@ -363,6 +444,16 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
             cache.fill(layers, [len(p) for p in pre])
         dev = model.device
         next_pos = torch.tensor([len(p) for p in pre], dtype=torch.long, device=dev)
+        # an activated adapter acts on a forward's tokens where it is told how many (PEFT would look for
+        # its invocation in them, and the cache holds it)
+        activated = any(_invocation(model, a) is not None
+                        for a in {getattr(seg, "adapter", None) for prog in programs for seg in prog} | {None if mixed else active})
+        # the activated rows' prompt tails before their invocation: one pass under the base model
+        rest = [r.pending[s - len(p) :] if inv is not None else r.pending for r, p, s, inv in zip(rows, pre, base_end, invs)]
+        base_pass = any(len(x) < len(r.pending) for x, r in zip(rest, rows))
+        if base_pass:
+            for r, x, inv in zip(rows, rest, invs):
+                r.pending = r.pending[: len(r.pending) - len(x)] if inv is not None else []
         while True:
             lens = [len(r.pending) for r in rows]
             width = max(lens)
@@ -380,11 +471,19 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
             cache.mask[:, cache.used : cache.used + width] = step_mask
             cache.used += width
             keep = sorted({n_b - 1 for n_b in lens if n_b})  # only the positions whose logits are read
+            names = ["__base__"] * B if base_pass else [adapter(r) for r in rows] if mixed else None
             o = model(input_ids=ids, attention_mask=cache.mask, position_ids=pos, past_key_values=cache.kv,
                       use_cache=True, logits_to_keep=torch.tensor(keep, device=dev),
-                      **({"adapter_names": [adapter(r) for r in rows]} if mixed else {}))
+                      **({"adapter_names": names} if names is not None else {}),
+                      # past its invocation an activated adapter acts on every token fed
+                      **({"alora_offsets": [width] * B} if activated and not base_pass else {}))
             logits = o.logits.float().cpu()  # the grammar reads a few entries per row: one copy per step
             next_pos += torch.tensor(lens, device=dev)
+            if base_pass:  # the tails are in the cache: on with the rows' own tokens
+                base_pass = False
+                for r, x in zip(rows, rest):
+                    r.pending = x
+                continue
             for b, r in enumerate(rows):
                 if lens[b]:
                     r.pending = []

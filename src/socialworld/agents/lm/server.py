@@ -6,6 +6,10 @@ Routes: ``GET /v1/models``, ``GET /v1/models/{id}`` and non-streaming ``POST /v1
   text messages, ``max_tokens`` not a positive integer, a field this server does not honour), 404
   for an unknown model or route, 500 for an internal error; errors have the OpenAI shape
   ``{"error": {"message", "type", "code"}}``.
+* ``structured_outputs: {"regex": ...}`` (vLLM's field, what socialworld's ``openai:`` policies send
+  for constrained decoding) decodes greedily under that grammar with this project's constrained
+  decoder, when the pattern is in the language of :func:`~socialworld.agents.lm.constrained.program_regex`
+  (a 400 says so otherwise, and for a sampled request).
 * It honours ``temperature`` (the OpenAI default 1; 0, and anything below ``GREEDY_BELOW``, is greedy), ``top_p``, ``stop`` (up to four
   strings, cut from the reply), ``max_tokens`` / ``max_completion_tokens`` and ``seed`` (a seeded
   request samples alone, so the same seed gives the same reply); content is a string or a list
@@ -53,6 +57,14 @@ class ResponseFormat(BaseModel):
     type: Literal["text"]
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs`` field as socialworld's ``openai:`` policies send it: the reply
+    grammar as a regular expression (:func:`~socialworld.agents.lm.constrained.program_regex`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    regex: str
+
+
 class ChatRequest(BaseModel):
     """The fields of a chat completion request this server honours; any other field is a 400."""
 
@@ -72,6 +84,7 @@ class ChatRequest(BaseModel):
     presence_penalty: Literal[0] = 0
     logprobs: Literal[False] = False
     user: str | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     def stops(self) -> tuple[str, ...]:
         stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -107,6 +120,8 @@ class Job:
     max_tokens: int
     stops: tuple[str, ...]
     sampling: Sampling
+    program: tuple | None = None
+    """the reply grammar (constrained greedy decoding), from ``structured_outputs``"""
     cancelled: bool = False
     future: asyncio.Future | None = None
 
@@ -138,6 +153,10 @@ class HFGenerate:
         import threading
 
         self.model, self.tokenizer = model, tokenizer
+        self._stream: Any = None
+        """the server's own sampling stream (CPU RNG state) for unseeded requests: drawn from the OS's
+        entropy at the first one and carried from request to request, so unseeded samples differ while
+        torch's global generator is left as it was (a seeded request samples from its seed alone)"""
         self._tok_lock = threading.Lock()
         """a fast tokenizer is not safe across threads ("Already borrowed"): the event loop counts
         prompts while the worker thread encodes and decodes a batch"""
@@ -158,6 +177,8 @@ class HFGenerate:
                 return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool, device=input_ids.device)
 
         tok, s = self.tokenizer, jobs[0].sampling
+        if jobs[0].program is not None:
+            return self._constrained(jobs)
         with self._tok_lock:
             enc = tok([j.prompt for j in jobs], return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
         sample = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p} if not s.greedy else \
@@ -165,9 +186,15 @@ class HFGenerate:
         with torch.inference_mode(), torch.random.fork_rng(devices=[]):
             if s.seed is not None:
                 torch.manual_seed(s.seed)
+            elif self._stream is None:
+                torch.seed()
+            else:
+                torch.set_rng_state(self._stream)
             out = self.model.generate(**enc, max_new_tokens=max(j.max_tokens for j in jobs), pad_token_id=tok.pad_token_id,
                                       eos_token_id=tok.eos_token_id, stopping_criteria=StoppingCriteriaList([Cancelled()]),
                                       **sample)
+            if s.seed is None:
+                self._stream = torch.get_rng_state()
         width = enc["input_ids"].shape[1]
         results = []
         for i, job in enumerate(jobs):
@@ -180,6 +207,21 @@ class HFGenerate:
             results.append(Generated(text, int(enc["attention_mask"][i].sum()), n_out,
                                      "stop" if ended or stopped else "length"))
         return results
+
+
+    def _constrained(self, jobs: Sequence[Job]) -> list[Generated]:
+        """Greedy decoding under each job's grammar (:mod:`socialworld.agents.lm.constrained`): a
+        reply the grammar allows, by construction."""
+        from socialworld.agents.lm.constrained import decode
+
+        with self._tok_lock:
+            rows = decode(self.model, self.tokenizer, [j.prompt for j in jobs], [list(j.program or ()) for j in jobs],
+                          batch_size=len(jobs))
+        out = []
+        for job, r in zip(jobs, rows):
+            text, _ = cut_at_stop(r.text, job.stops)
+            out.append(Generated(text, r.tokens_in, r.tokens_out, "stop"))
+        return out
 
 
 @dataclass
@@ -226,8 +268,8 @@ class Batcher:
     def _groups(self, jobs: list[Job]) -> list[list[Job]]:
         groups: dict[Any, list[Job]] = {}
         for j in jobs:
-            key = ("greedy",) if j.sampling.greedy else (id(j),) if j.sampling.seed is not None else \
-                (j.sampling.temperature, j.sampling.top_p)
+            key = ("constrained",) if j.program is not None else ("greedy",) if j.sampling.greedy else \
+                (id(j),) if j.sampling.seed is not None else (j.sampling.temperature, j.sampling.top_p)
             groups.setdefault(key, []).append(j)
         return [g[i : i + self.max_batch] for g in groups.values() for i in range(0, len(g), self.max_batch)]
 
@@ -317,7 +359,17 @@ def make_app(generate: HFGenerate | Any, model_id: str, max_new_tokens: int = 64
         limit = req.max_completion_tokens or req.max_tokens or max_new_tokens
         if max_context is not None and (n := generate.count(prompt)) + limit > max_context:
             return _error(400, f"bad request: {n} prompt tokens plus max_tokens {limit} exceed the model's {max_context}")
-        job = Job(prompt, limit, stops, Sampling(req.temperature, req.top_p, req.seed))
+        program = None
+        if req.structured_outputs is not None:
+            from socialworld.agents.lm.constrained import program_from_regex
+
+            if req.temperature >= GREEDY_BELOW:
+                return _error(400, "bad request: structured_outputs decodes greedily on this server: send temperature 0")
+            try:
+                program = tuple(program_from_regex(req.structured_outputs.regex, limit))
+            except ValueError as err:
+                return _error(400, f"bad request: structured_outputs.regex: {err}")
+        job = Job(prompt, limit, stops, Sampling(req.temperature, req.top_p, req.seed), program)
         future = await batcher.submit(job)
         while not future.done():
             await asyncio.wait({future}, timeout=0.05)
