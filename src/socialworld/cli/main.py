@@ -58,15 +58,19 @@ class Table(RichTable):
     def __rich_console__(self, console: Console, options: Any) -> Any:
         from rich.measure import Measurement
 
+        columns, caption, optional = list(self.columns), self.caption, list(self._optional)
         hidden = []
-        while self._optional and Measurement.get(console, options.update_width(1 << 16), self).maximum > options.max_width:
-            column = self._optional.pop()
+        while optional and Measurement.get(console, options.update_width(1 << 16), self).maximum > options.max_width:
+            column = optional.pop()
             self.columns.remove(column)
             hidden.insert(0, str(column.header).replace("\n", " "))
         if hidden:
             self.caption = (f"{', '.join(hidden)} left out at {options.max_width} columns "
                             "(a wider terminal or --json shows them)")
-        yield from super().__rich_console__(console, options)
+        try:
+            yield from super().__rich_console__(console, options)
+        finally:  # this rendering's choice only: the table itself keeps every column
+            self.columns, self.caption = columns, caption
 H = lambda name: help_for(EvalConfig, name)  # noqa: E731
 LOG_FILE = "runs/socialworld.log"
 """where third-party warnings go (override with SOCIALWORLD_LOG); made only when one is written"""

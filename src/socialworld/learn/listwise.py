@@ -51,7 +51,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from socialworld.agents.lm.constrained import activation_start
+from socialworld.agents.lm.constrained import activation_start, adapter_invocation
 from socialworld.learn.config import TrainConfig
 from socialworld.learn.sleep import Pair
 from socialworld.text.reply import ACTION, SAY, action_kind, reply_fields
@@ -182,8 +182,7 @@ Logits = Callable[[int, Sequence[int]], Any]
 
 def invocation(model: Any) -> list[int] | None:
     """The active adapter's aLoRA invocation tokens (None: not an activated adapter)."""
-    config = getattr(model, "peft_config", {}).get(getattr(model, "active_adapter", None))
-    return getattr(config, "alora_invocation_tokens", None)
+    return adapter_invocation(model, getattr(model, "active_adapter", None))
 
 
 def _forward(model: Any, rows: Sequence[Row], pad: int) -> Logits:

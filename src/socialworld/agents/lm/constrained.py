@@ -289,7 +289,8 @@ def activation_start(ids: Sequence[int], invocation: Sequence[int]) -> int:
     return len(ids)
 
 
-def _invocation(model: Any, adapter: str | None) -> list[int] | None:
+def adapter_invocation(model: Any, adapter: str | None) -> list[int] | None:
+    """``adapter``'s aLoRA invocation tokens in ``model`` (None: not an activated adapter, or none)."""
     config = getattr(model, "peft_config", {}).get(adapter) if adapter else None
     return getattr(config, "alora_invocation_tokens", None)
 
@@ -416,7 +417,7 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
     mixed = any(getattr(seg, "adapter", None) for prog in programs for seg in prog)
     active = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None  # what runs unnamed
     first_adapter = [next((a for seg in prog if (a := getattr(seg, "adapter", None))), None) if mixed else active for prog in programs]
-    invs = [_invocation(model, a) for a in first_adapter]
+    invs = [adapter_invocation(model, a) for a in first_adapter]
     base_end = [activation_start(e, inv) if inv is not None else 0 for e, inv in zip(enc, invs)]
     pre = [p[:s] if inv is not None else p for p, s, inv in zip(pre, base_end, invs)]
     rows = [eng.row(prog, e[len(p) :]) for prog, e, p in zip(programs, enc, pre)]
@@ -446,7 +447,7 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
         next_pos = torch.tensor([len(p) for p in pre], dtype=torch.long, device=dev)
         # an activated adapter acts on a forward's tokens where it is told how many (PEFT would look for
         # its invocation in them, and the cache holds it)
-        activated = any(_invocation(model, a) is not None
+        activated = any(adapter_invocation(model, a) is not None
                         for a in {getattr(seg, "adapter", None) for prog in programs for seg in prog} | {None if mixed else active})
         # the activated rows' prompt tails before their invocation: one pass under the base model
         rest = [r.pending[s - len(p) :] if inv is not None else r.pending for r, p, s, inv in zip(rows, pre, base_end, invs)]
