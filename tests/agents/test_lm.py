@@ -1,6 +1,7 @@
 """Language-model policies on a tiny random model built in-process (never a download)."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -931,8 +932,14 @@ def test_decoding_on_the_gpu_writes_the_cpus_tokens(specs, tiny_dir):
 def test_the_first_use_of_the_bundled_model_says_what_it_does(tmp_path, monkeypatch, capfd):
     """Converting the bundled GGUF (once per cache) is one line on stderr, naming the size and the
     folder; the converter's own progress bar stays off the terminal; the second use is silent."""
-    from socialworld.agents.models import bundled_path
+    from socialworld.agents.models import bundled_gguf, bundled_path
 
+    try:
+        bundled_gguf()
+    except FileNotFoundError as e:  # the package is the main job's install, not the tests'
+        if os.environ.get("SOCIALWORLD_REQUIRE_BUNDLED"):
+            pytest.fail(f"SOCIALWORLD_REQUIRE_BUNDLED is set but {e}")
+        pytest.skip(str(e))
     monkeypatch.setenv("SOCIALWORLD_CACHE", str(tmp_path / "cache"))
     path = bundled_path()
     err = capfd.readouterr().err
