@@ -326,6 +326,8 @@ def test_eval_through_server(server, tiny_dir):
     ep = run_episodes(pol, [EpisodeJob(tiny_spec(), 0)])[0]
     assert ep.policy_id.startswith(f"openai:{tiny_dir}@") and ep.steps
     assert all(s.policy.tokens_in > 0 for s in ep.steps)
+    # auto: our own server decodes under the grammar, so every reply parses, as the local model's would
+    assert pol.decoding == "constrained" and all(s.action.parse_status == "ok" for s in ep.steps)
 
 
 def test_dead_server_gives_counted_errors_fast(monkeypatch):
@@ -848,7 +850,32 @@ def test_constrained_decoding_on_an_endpoint_sends_the_grammar_to_the_server(spe
         ep = run_episodes(pol, [EpisodeJob(specs["team_lunch-v1"], 0)])[0]
         assert ep.steps and all(s.action.parse_status == "ok" for s in ep.steps)
         assert ep.steps[0].policy.decoding["mode"] == "constrained" and len(seen) == len(ep.steps)
-        assert make_policy(f"openai:m@{url}").decoding == "free"  # auto: a server may not know the field
+        assert make_policy(f"openai:m@{url}").decoding == "constrained"  # auto: this server decodes under the field
+
+
+@pytest.mark.parametrize("server", ["rejects", "ignores", "dead"])
+def test_auto_decoding_on_an_endpoint_asks_the_server_once(server, capfd):
+    """``--decoding auto`` with an ``openai:`` endpoint: one probe request; a server that rejects the
+    field, ignores it or cannot be reached gets free decoding, and the line on stderr says why."""
+    from socialworld.testing import stub_endpoint
+
+    seen: list[dict] = []
+
+    def reply(req, headers):
+        seen.append(req)
+        if server == "rejects":
+            return 400, {}, {"error": {"message": "extra fields not permitted: structured_outputs"}}
+        return 200, {}, {"choices": [{"message": {"content": "Sure."}}]}
+
+    if server == "dead":
+        pol = make_policy(f"openai:m@http://127.0.0.1:{_free_port()}/v1")
+    else:
+        with stub_endpoint(reply) as url:
+            pol = make_policy(f"openai:m@{url}")
+    assert pol.decoding == "free" and len(seen) == (0 if server == "dead" else 1)
+    err = capfd.readouterr().err
+    assert "decodes free" in err and {"rejects": "HTTP 400", "ignores": "ignored structured_outputs",
+                                      "dead": "cannot reach"}[server] in err
 
 
 def test_export_merges_the_action_adapter_into_a_plain_model_folder(tiny_dir, tmp_path):

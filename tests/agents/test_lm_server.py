@@ -58,8 +58,14 @@ BAD = {
     "max_tokens abc": {"model": "tiny", "messages": MSG, "max_tokens": "abc"},
     "max_completion_tokens 0": {"model": "tiny", "messages": MSG, "max_completion_tokens": 0},
     "temperature 3": {"model": "tiny", "messages": MSG, "temperature": 3},
-    "n 2": {"model": "tiny", "messages": MSG, "n": 2},
-    "stream": {"model": "tiny", "messages": MSG, "stream": True},
+    "n 0": {"model": "tiny", "messages": MSG, "n": 0},
+    "n above the batch": {"model": "tiny", "messages": MSG, "n": 17},
+    "top_logprobs without logprobs": {"model": "tiny", "messages": MSG, "top_logprobs": 2},
+    "top_logprobs 21": {"model": "tiny", "messages": MSG, "logprobs": True, "top_logprobs": 21},
+    "logprobs streamed": {"model": "tiny", "messages": MSG, "logprobs": True, "stream": True},
+    "logprobs under a grammar": {"model": "tiny", "messages": MSG, "temperature": 0, "logprobs": True,
+                                 "structured_outputs": {"regex": "A:(?:x|y)"}},
+    "stream_options without stream": {"model": "tiny", "messages": MSG, "stream_options": {"include_usage": True}},
     "json schema": {"model": "tiny", "messages": MSG, "response_format": {"type": "json_schema", "json_schema": {}}},
     "five stops": {"model": "tiny", "messages": MSG, "stop": ["a", "b", "c", "d", "e"]},
     "an unknown field": {"model": "tiny", "messages": MSG, "best_of": 3},
@@ -168,6 +174,85 @@ def test_a_reply_grammar_is_decoded_under_it(client, tiny_app, specs):
     assert app.state.batcher.stats.batches - batches < 3  # requests that arrive together decode together
 
 
+def test_n_samples_of_one_prompt_decode_in_one_batch(client, tiny_app):
+    _, app = tiny_app
+    before = app.state.batcher.stats.batches
+    three = client.chat.completions.create(model="tiny", messages=MSG, temperature=1.0, seed=5, n=3, max_tokens=8)
+    assert app.state.batcher.stats.batches - before == 1 and [c.index for c in three.choices] == [0, 1, 2]
+    texts = [c.message.content for c in three.choices]
+    assert len(set(texts)) > 1  # three samples, not one repeated
+    again = client.chat.completions.create(model="tiny", messages=MSG, temperature=1.0, seed=5, n=3, max_tokens=8)
+    assert [c.message.content for c in again.choices] == texts  # a seed fixes all n
+    assert len(three.choices) == 3 and 0 < three.usage.completion_tokens <= 3 * 8
+    greedy = client.chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=8)
+    pair = client.chat.completions.create(model="tiny", messages=MSG, temperature=0, n=2, max_tokens=8)
+    assert [c.message.content for c in pair.choices] == [greedy.choices[0].message.content] * 2
+    assert pair.usage.prompt_tokens == greedy.usage.prompt_tokens
+    assert pair.usage.completion_tokens == 2 * greedy.usage.completion_tokens
+
+
+def test_logprobs_are_the_models_own(client, tiny_app):
+    """Each reply token with its log-probability under the model's raw distribution: the same as a
+    forward pass over prompt and reply; greedy picks the likeliest; the tokens spell the reply."""
+    import torch
+
+    gen, _ = tiny_app
+    r = client.chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens and "".join(t.token for t in content) == r.choices[0].message.content
+    assert all(len(t.top_logprobs) == 3 and t.logprob == pytest.approx(t.top_logprobs[0].logprob, abs=1e-6)
+               and t.bytes == list(t.token.encode()) for t in content)
+    prompt = gen.tokenizer(gen.prompt(MSG), add_special_tokens=False, return_tensors="pt")["input_ids"]
+    reply = gen.tokenizer(r.choices[0].message.content, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = gen.model(torch.cat([prompt, reply], 1)).logits[0, prompt.shape[1] - 1 : -1]
+    forward = torch.log_softmax(logits.float(), -1).gather(1, reply[0][:, None])[:, 0].tolist()
+    assert [t.logprob for t in content] == pytest.approx(forward, abs=1e-4)
+    sampled = client.chat.completions.create(model="tiny", messages=MSG, temperature=1.0, seed=3, max_tokens=8, logprobs=True)
+    assert all(t.top_logprobs == [] and t.logprob <= 0 for t in sampled.choices[0].logprobs.content)
+    assert client.chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=8).choices[0].logprobs is None
+    text = r.choices[0].message.content
+    stop = text[len(text) // 2 :][:2]
+    cut = client.chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=8, stop=[stop], logprobs=True)
+    assert cut_at_stop(text, [stop])[0].startswith("".join(t.token for t in cut.choices[0].logprobs.content))
+
+
+def _streamed(client, **kw):
+    chunks = list(client.chat.completions.create(model="tiny", messages=MSG, stream=True, **kw))
+    texts: dict = {}
+    finish: dict = {}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+            finish[ch.index] = ch.finish_reason or finish.get(ch.index)
+    return chunks, texts, finish
+
+
+def test_a_streamed_reply_is_the_same_reply_as_it_is_decoded(client):
+    whole = client.chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=10)
+    chunks, texts, finish = _streamed(client, temperature=0, max_tokens=10, stream_options={"include_usage": True})
+    assert texts == {0: whole.choices[0].message.content} and finish == {0: whole.choices[0].finish_reason}
+    assert sum(1 for c in chunks for ch in c.choices if ch.delta.content) > 2  # token by token, not one block at the end
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    text = whole.choices[0].message.content
+    stop = text[len(text) // 2 :][:2]
+    assert _streamed(client, temperature=0, max_tokens=10, stop=[stop])[1] == {0: cut_at_stop(text, [stop])[0]}  # never past a stop
+    seeded = client.chat.completions.create(model="tiny", messages=MSG, temperature=1.0, seed=9, n=2, max_tokens=8)
+    assert _streamed(client, temperature=1.0, seed=9, n=2, max_tokens=8)[1] == {c.index: c.message.content for c in seeded.choices}
+
+
+def test_each_request_is_one_log_line(url, client, caplog):
+    with caplog.at_level("INFO", logger="socialworld.serve"):
+        r = client.chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=4, n=2)
+        _post(url, {"model": "tiny", "messages": []})
+        client.models.list()
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "socialworld.serve"]
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(f"{r.id} 200 prompt={r.usage.prompt_tokens} completion={r.usage.completion_tokens} n=2 batch=2 ")
+    assert lines[1].startswith("POST /v1/chat/completions 400 ") and lines[2].startswith("GET /v1/models 200 ")
+
+
 def _job(gen, n):
     from socialworld.agents.lm.server import Job, Sampling
 
@@ -232,6 +317,9 @@ class Slow:
         while n < max(j.max_tokens for j in jobs) and not should_stop():
             time.sleep(0.02)
             n += 1
+            for j in jobs:
+                if j.emit is not None:
+                    j.emit("x" * n)
         self.decoded.append(n)
         return [Generated("x" * n, 1, n, "length") for _ in jobs]
 
@@ -251,3 +339,19 @@ def test_a_client_that_goes_away_cancels_its_work():
         assert code == 200 and reply["usage"]["completion_tokens"] == 5
         assert time.monotonic() - t0 < 5  # the abandoned request did not hold the decoder for its 10 s
     assert app.state.batcher.stats.cancelled == 1 and slow.decoded[0] < 500
+
+
+def test_a_streaming_client_that_goes_away_cancels_its_work():
+    slow = Slow()
+    app = make_app(slow, "slow")
+    with serving(app) as u:
+        client = openai.OpenAI(base_url=u, api_key="none", max_retries=0, timeout=30)
+        stream = client.chat.completions.create(model="slow", messages=MSG, max_tokens=500, stream=True)
+        chunks = iter(stream)
+        assert next(chunks).choices[0].delta.role == "assistant"
+        assert next(chunks).choices[0].delta.content == "x"  # decoding has begun
+        stream.close()
+        deadline = time.monotonic() + 5
+        while not slow.decoded and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert app.state.batcher.stats.cancelled == 1 and slow.decoded and slow.decoded[0] < 500

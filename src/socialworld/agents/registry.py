@@ -4,6 +4,8 @@ Language-model code (torch, transformers) is imported only when a model is built
 
 from __future__ import annotations
 
+import sys
+
 from socialworld.agents.models import parse_model_spec
 from socialworld.agents.scripted import ExpertPolicy, OraclePolicy, RandomPolicy
 from socialworld.core import Policy, PrivilegedPolicy
@@ -57,10 +59,14 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
         adapters = {k: str(v) for k, v in find_adapters(ms.adapters).items()}
     if ms.kind == "openai":
         # constrained: the server constrains each reply to the grammar (vLLM's structured outputs);
-        # auto stays free, since other servers reject the field
-        return LMPolicy(OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size,  # type: ignore[arg-type]
-                                      timeout_s=timeout_s),
-                        decoding="constrained" if decoding == "constrained" else "free")
+        # auto asks the server once whether it does, and says which mode it took and why
+        backend = OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size,  # type: ignore[arg-type]
+                                timeout_s=timeout_s)
+        if decoding == "auto":
+            accepts, why = backend.accepts_grammar()
+            decoding = "constrained" if accepts else "free"
+            print(f"socialworld: {backend.name} decodes {decoding} ({why})", file=sys.stderr, flush=True)
+        return LMPolicy(backend, decoding="constrained" if decoding == "constrained" else "free")
     if ms.kind in ("bundled", "hf"):
         path = bundled_path() if ms.kind == "bundled" else ms.name
         model, tok, digest = load_with_adapters(path, adapters or {}, dtype=dtype)

@@ -57,7 +57,9 @@ class EvalConfig:
         default="auto",
         metadata={"help": ("language models: free (parse BELIEF/ACTION/SAY), constrained (greedy under the reply grammar: "
                            "parseable by construction; for an openai: endpoint the grammar goes as a regex in vLLM's "
-                           "structured_outputs field), auto (constrained for local models, free for endpoints)")},
+                           "structured_outputs field), auto (constrained for local models; for an endpoint, constrained when one "
+                           "probe request shows the server decodes under structured_outputs, else free: the choice "
+                           "is printed and recorded)")},
     )
     max_new_tokens: int = field(default=64, metadata={"check": at_least(1), "help": "language models: tokens generated per free-form reply"})
     judge: str = field(default="", metadata={"help": (

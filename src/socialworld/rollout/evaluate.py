@@ -57,6 +57,8 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
     lm = {} if cfg.policy in SCRIPTED else {"batch_size": cfg.lm_batch_size, "decoding": cfg.decoding,
                                             "max_new_tokens": cfg.max_new_tokens, "timeout_s": cfg.request_timeout}
     policy = make_policy(cfg.policy, seed=cfg.seed, **lm)
+    if lm:  # auto, resolved once (an endpoint is asked once, not by every Ray task)
+        lm["decoding"] = getattr(policy, "decoding", cfg.decoding)
     if cfg.judge:
         check_loads(cfg.judge, "--judge")  # the judge is built after the rollouts: its typo fails now
     out = cfg.check_out()  # before any episode: nothing run is lost to an unwritable or occupied folder

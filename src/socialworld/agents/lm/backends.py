@@ -307,12 +307,28 @@ class OpenAIBackend:
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
             return list(pool.map(self._one, conversations))
 
+    def accepts_grammar(self) -> tuple[bool, str]:
+        """Whether the server decodes under vLLM's ``structured_outputs`` regex, asked with one short
+        request (no retries) whose pattern allows only ``yes`` or ``no``; and why, in words. A server
+        that rejects the field, ignores it (a reply outside the pattern) or cannot be reached: no."""
+        c, _ = self._attempt([{"role": "user", "content": "Answer yes or no."}], time.perf_counter(), GRAMMAR_PROBE)
+        if c.error is not None:
+            return False, f"the grammar probe failed: {c.error}"
+        if c.text not in ("yes", "no"):
+            return False, f"the server ignored structured_outputs (the probe's reply {c.text[:40]!r} is outside its pattern)"
+        return True, "the server decodes under structured_outputs (probed)"
+
     def constrained(self, conversations: Sequence[Messages], programs: Sequence[Sequence[Any]]) -> list[Completion]:
         """Each reply constrained by the server to its program's grammar, sent as a regular
         expression in vLLM's ``structured_outputs`` field (vLLM >= 0.12; other servers reject or
         ignore the field: the strict parser still checks every reply)."""
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
             return list(pool.map(self._one, conversations, [program_regex(p) for p in programs]))
+
+
+GRAMMAR_PROBE = "(?:yes|no)"
+"""the pattern :meth:`OpenAIBackend.accepts_grammar` sends (in the reply language of
+:func:`~socialworld.agents.lm.constrained.program_regex`, so ``socialworld serve`` takes it too)"""
 
 
 class EndpointFailure(ValueError):

@@ -1,6 +1,7 @@
 """An OpenAI-compatible server for a local policy model (``socialworld serve``), on FastAPI and uvicorn.
 
-Routes: ``GET /v1/models``, ``GET /v1/models/{id}`` and non-streaming ``POST /v1/chat/completions``.
+Routes: ``GET /v1/models``, ``GET /v1/models/{id}`` and ``POST /v1/chat/completions`` (with
+``stream: true``, server-sent events as the official ``openai`` client reads them).
 
 * Every request is answered: 400 with a message for bad input (``messages`` empty or not a list of
   text messages, ``max_tokens`` not a positive integer, a field this server does not honour), 404
@@ -14,6 +15,14 @@ Routes: ``GET /v1/models``, ``GET /v1/models/{id}`` and non-streaming ``POST /v1
   strings, cut from the reply), ``max_tokens`` / ``max_completion_tokens`` and ``seed`` (a seeded
   request samples alone, so the same seed gives the same reply); content is a string or a list
   of text parts.
+* ``n`` samples of one prompt decode in one batch (up to ``max_batch``); ``logprobs`` (with
+  ``top_logprobs`` up to 20) gives each reply token's log-probability under the model's own
+  distribution (before temperature and top-p, as vLLM's default); ``stream`` sends the reply as it
+  is decoded (held back where a ``stop`` string could still begin), ``stream_options.include_usage``
+  a last chunk with the usage. ``logprobs`` is not served with ``stream`` or ``structured_outputs``
+  (a 400 says so).
+* Each request is one log line on the ``socialworld.serve`` logger (id, status, tokens, batch size,
+  seconds); ``socialworld serve`` prints them to stderr.
 * Requests that arrive together are decoded in one batch (:class:`Batcher`: those with the same
   sampling settings, up to ``max_batch``); a client that goes away cancels its request, whether
   it waits in the queue or is being decoded.
@@ -24,6 +33,9 @@ process; for throughput at scale, serve the model with vLLM (see ``docs/serving.
 
 
 import asyncio
+import itertools
+import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol, Sequence
@@ -31,6 +43,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 Finish = Literal["stop", "length"]
+log = logging.getLogger("socialworld.serve")
 
 
 # ------------------------------------------------------------------ the request, as the server reads it
@@ -57,6 +70,11 @@ class ResponseFormat(BaseModel):
     type: Literal["text"]
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
 class StructuredOutputs(BaseModel):
     """vLLM's ``structured_outputs`` field as socialworld's ``openai:`` policies send it: the reply
     grammar as a regular expression (:func:`~socialworld.agents.lm.constrained.program_regex`)."""
@@ -77,12 +95,14 @@ class ChatRequest(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     stop: str | list[str] | None = None
     seed: int | None = Field(None, strict=True, ge=-(2**63), le=2**63 - 1)  # int64, as OpenAI's API and torch's seed take
-    n: Literal[1] = 1
-    stream: Literal[False] = False
+    n: int = Field(1, ge=1, strict=True)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     frequency_penalty: Literal[0] = 0
     presence_penalty: Literal[0] = 0
-    logprobs: Literal[False] = False
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20, strict=True)
     user: str | None = None
     structured_outputs: StructuredOutputs | None = None
 
@@ -122,8 +142,27 @@ class Job:
     sampling: Sampling
     program: tuple | None = None
     """the reply grammar (constrained greedy decoding), from ``structured_outputs``"""
+    logprobs: int | None = None
+    """``None``: no log-probabilities; ``k``: each reply token's, with the ``k`` likeliest beside it"""
+    emit: Callable[[str], None] | None = None
+    """called (from the decoding thread) with the reply so far after each decoded token: streaming"""
+    request: int = 0
+    """the request this job is one of ``n`` samples of (a seeded request's samples decode together)"""
+    batch: int = 0
+    """the size of the batch it was decoded in"""
     cancelled: bool = False
     future: asyncio.Future | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+    def openai(self) -> dict:
+        entry = lambda t, lp: {"token": t, "logprob": lp, "bytes": list(t.encode())}  # noqa: E731
+        return {**entry(self.token, self.logprob), "top_logprobs": [entry(t, lp) for t, lp in self.top]}
 
 
 @dataclass(frozen=True)
@@ -132,6 +171,8 @@ class Generated:
     tokens_in: int
     tokens_out: int
     finish_reason: Finish
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """the reply's tokens (those inside ``text``) with their log-probabilities, when asked"""
 
 
 class Generate(Protocol):
@@ -172,15 +213,24 @@ class HFGenerate:
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList
 
-        class Cancelled(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs):  # type: ignore[no-untyped-def]
-                return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool, device=input_ids.device)
-
         tok, s = self.tokenizer, jobs[0].sampling
         if jobs[0].program is not None:
             return self._constrained(jobs)
         with self._tok_lock:
             enc = tok([j.prompt for j in jobs], return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
+        width = enc["input_ids"].shape[1]
+        text_of = self._text
+
+        class Step(StoppingCriteria):
+            """After each token: the streamed jobs get their reply so far; all stop once ``should_stop()``."""
+
+            def __call__(self, input_ids, scores, **kwargs):  # type: ignore[no-untyped-def]
+                for i, job in enumerate(jobs):
+                    if job.emit is not None:
+                        job.emit(text_of(input_ids[i, width:].tolist())[0])
+                return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool, device=input_ids.device)
+
+        scored = any(j.logprobs is not None for j in jobs)
         sample = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p} if not s.greedy else \
             {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         with torch.inference_mode(), torch.random.fork_rng(devices=[]):
@@ -191,22 +241,55 @@ class HFGenerate:
             else:
                 torch.set_rng_state(self._stream)
             out = self.model.generate(**enc, max_new_tokens=max(j.max_tokens for j in jobs), pad_token_id=tok.pad_token_id,
-                                      eos_token_id=tok.eos_token_id, stopping_criteria=StoppingCriteriaList([Cancelled()]),
-                                      **sample)
+                                      eos_token_id=tok.eos_token_id, stopping_criteria=StoppingCriteriaList([Step()]),
+                                      **sample, **({"output_logits": True, "return_dict_in_generate": True} if scored else {}))
             if s.seed is None:
                 self._stream = torch.get_rng_state()
-        width = enc["input_ids"].shape[1]
+        seqs = out.sequences if scored else out
         results = []
         for i, job in enumerate(jobs):
-            ids = out[i, width:].tolist()[: job.max_tokens]
-            ended = tok.eos_token_id in ids
-            ids = ids[: ids.index(tok.eos_token_id)] if ended else ids
-            with self._tok_lock:
-                text, stopped = cut_at_stop(tok.decode(ids, skip_special_tokens=True), job.stops)
+            whole, ids, ended = self._text(seqs[i, width:].tolist()[: job.max_tokens])
+            text, stopped = cut_at_stop(whole, job.stops)
             n_out = self.count(text) if stopped else len(ids)
+            logprobs = None
+            if job.logprobs is not None:
+                kept = self._inside(ids, text) if stopped else len(ids)
+                logprobs = self._logprobs(torch.stack([step[i] for step in out.logits[:kept]]) if kept else None,
+                                          ids[:kept], job.logprobs)
             results.append(Generated(text, int(enc["attention_mask"][i].sum()), n_out,
-                                     "stop" if ended or stopped else "length"))
+                                     "stop" if ended or stopped else "length", logprobs))
         return results
+
+    def _text(self, ids: list[int]) -> tuple[str, list[int], bool]:
+        """A reply's text (decoded without special tokens), its ids up to the end token, and whether it ended."""
+        eos = self.tokenizer.eos_token_id
+        ended = eos in ids
+        ids = ids[: ids.index(eos)] if ended else ids
+        with self._tok_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True), ids, ended
+
+    def _inside(self, ids: list[int], text: str) -> int:
+        """How many of ``ids`` decode to text that lies inside ``text`` (a reply cut at a stop string)."""
+        k = 0
+        with self._tok_lock:
+            while k < len(ids) and len(self.tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) <= len(text):
+                k += 1
+        return k
+
+    def _logprobs(self, logits: Any, ids: list[int], top: int) -> tuple[TokenLogprob, ...]:
+        """Each token's log-probability under the model's raw logits (one row per token), with the
+        ``top`` likeliest tokens beside it."""
+        import torch
+
+        if logits is None:
+            return ()
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        chosen = lp.gather(1, torch.tensor(ids, device=lp.device)[:, None])[:, 0].tolist()
+        best = lp.topk(top, dim=-1) if top else None
+        with self._tok_lock:
+            piece = lambda t: self.tokenizer.decode([t])  # noqa: E731
+            return tuple(TokenLogprob(piece(t), c, tuple((piece(int(b)), float(v)) for b, v in zip(best.indices[k], best.values[k]))
+                                      if best is not None else ()) for k, (t, c) in enumerate(zip(ids, chosen)))
 
 
     def _constrained(self, jobs: Sequence[Job]) -> list[Generated]:
@@ -237,7 +320,7 @@ class BatchStats:
 class Batcher:
     """Collects the requests that arrive within ``wait_s`` of each other and decodes those with the
     same sampling settings together, up to ``max_batch`` at a time (greedy requests always batch;
-    a seeded one decodes alone, so its reply depends on its seed only). One batch at a time runs,
+    a seeded request's ``n`` samples decode alone, so they depend on its seed only). One batch at a time runs,
     in a worker thread; cancelled jobs are dropped before their batch, and a batch whose clients
     have all gone stops decoding."""
 
@@ -269,13 +352,15 @@ class Batcher:
         groups: dict[Any, list[Job]] = {}
         for j in jobs:
             key = ("constrained",) if j.program is not None else ("greedy",) if j.sampling.greedy else \
-                (id(j),) if j.sampling.seed is not None else (j.sampling.temperature, j.sampling.top_p)
+                ("seeded", j.request) if j.sampling.seed is not None else (j.sampling.temperature, j.sampling.top_p)
             groups.setdefault(key, []).append(j)
         return [g[i : i + self.max_batch] for g in groups.values() for i in range(0, len(g), self.max_batch)]
 
     async def _decode(self, group: list[Job]) -> None:
         self.stats.batches += 1
         self.stats.largest_batch = max(self.stats.largest_batch, len(group))
+        for j in group:
+            j.batch = len(group)
         try:
             results = await asyncio.to_thread(self.generate, group, lambda: all(j.cancelled for j in group))
         except Exception as err:  # noqa: BLE001 - each waiting request gets it as its 500
@@ -298,6 +383,31 @@ def _error(code: int, message: str, kind: str = "invalid_request_error", what: s
                         status_code=code)
 
 
+class OneLineEach:
+    """ASGI middleware: one log line per request (method, path, status, seconds), except those that
+    log their own (a completion's, with its tokens, sets ``request.state.logged``). Plain ASGI, not
+    Starlette's ``BaseHTTPMiddleware``, which hides a client's disconnect from the route."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), [0]
+
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            if not scope.get("state", {}).get("logged"):
+                log.info("%s %s %d %.2fs", scope["method"], scope["path"], status[0] or 500, time.perf_counter() - t0)
+
+
 def make_app(generate: HFGenerate | Any, model_id: str, max_new_tokens: int = 64, max_context: int | None = None,
              max_batch: int = 16) -> Any:
     """The FastAPI app serving ``generate`` (an :class:`HFGenerate`, or anything with its
@@ -310,6 +420,7 @@ def make_app(generate: HFGenerate | Any, model_id: str, max_new_tokens: int = 64
     from starlette.exceptions import HTTPException
 
     batcher = Batcher(generate, max_batch=max_batch)
+    requests = itertools.count()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
@@ -346,14 +457,25 @@ def make_app(generate: HFGenerate | Any, model_id: str, max_new_tokens: int = 64
         return card if name == model_id else _error(404, f"the model {name!r} does not exist; this server has {model_id!r}",
                                                   what="model_not_found")
 
+    app.add_middleware(OneLineEach)
+
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
         if req.model != model_id:
             return _error(404, f"the model {req.model!r} does not exist; this server has {model_id!r}", what="model_not_found")
         try:
             stops = req.stops()
         except ValueError as err:
             return _error(400, f"bad request: {err}")
+        for bad, why in ((req.n > max_batch, f"n: at most {max_batch} on this server (its --max-batch)"),
+                         (req.top_logprobs is not None and not req.logprobs, "top_logprobs: needs logprobs: true"),
+                         (req.logprobs and req.stream, "logprobs: not served with stream on this server"),
+                         (req.logprobs and req.structured_outputs is not None,
+                          "logprobs: not served with structured_outputs on this server"),
+                         (req.stream_options is not None and not req.stream, "stream_options: needs stream: true")):
+            if bad:
+                return _error(400, f"bad request: {why}")
         prompt = generate.prompt([{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                                   for m in req.messages])
         limit = req.max_completion_tokens or req.max_tokens or max_new_tokens
@@ -369,22 +491,109 @@ def make_app(generate: HFGenerate | Any, model_id: str, max_new_tokens: int = 64
                 program = tuple(program_from_regex(req.structured_outputs.regex, limit))
             except ValueError as err:
                 return _error(400, f"bad request: structured_outputs.regex: {err}")
-        job = Job(prompt, limit, stops, Sampling(req.temperature, req.top_p, req.seed), program)
-        future = await batcher.submit(job)
-        while not future.done():
-            await asyncio.wait({future}, timeout=0.05)
-            if not future.done() and await request.is_disconnected():
-                job.cancelled = True
-                batcher.stats.cancelled += 1
+        rid, number = f"chatcmpl-{time.time_ns()}", next(requests)
+        jobs = [Job(prompt, limit, stops, Sampling(req.temperature, req.top_p, req.seed), program,
+                    logprobs=(req.top_logprobs or 0) if req.logprobs else None, request=number) for _ in range(req.n)]
+        request.state.logged = True
+        head = {"id": rid, "created": int(time.time()), "model": model_id, "system_fingerprint": None}
+
+        def done(code: int, results: Sequence[Generated] = ()) -> None:
+            log.info("%s %d prompt=%d completion=%d n=%d batch=%d %.2fs%s", rid, code, results[0].tokens_in if results else 0,
+                     sum(g.tokens_out for g in results), req.n, max(j.batch for j in jobs), time.perf_counter() - t0,
+                     " stream" if req.stream else "")
+
+        def usage(results: Sequence[Generated]) -> dict:
+            out = sum(g.tokens_out for g in results)
+            return {"prompt_tokens": results[0].tokens_in, "completion_tokens": out, "total_tokens": results[0].tokens_in + out}
+
+        def cancel() -> None:
+            for j in jobs:
+                if j.future is not None and not j.future.done() and not j.cancelled:
+                    j.cancelled = True
+                    batcher.stats.cancelled += 1
+
+        if req.stream:
+            return stream(jobs, head, stops, req.stream_options is not None and req.stream_options.include_usage,
+                          usage, done, cancel)
+        futures = [await batcher.submit(j) for j in jobs]
+        while not all(f.done() for f in futures):
+            await asyncio.wait(futures, timeout=0.05)
+            if not all(f.done() for f in futures) and await request.is_disconnected():
+                cancel()
+                done(499)
                 return _error(499, "the client closed the request")
-        g: Generated = future.result()  # a decoding error is raised here: the 500 above
+        try:
+            results: list[Generated] = [f.result() for f in futures]  # a decoding error is raised here: the 500 above
+        except Exception:
+            done(500)
+            raise
+        done(200, results)
         return {
-            "id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()), "model": model_id,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": g.text}, "logprobs": None,
-                         "finish_reason": g.finish_reason}],
-            "usage": {"prompt_tokens": g.tokens_in, "completion_tokens": g.tokens_out, "total_tokens": g.tokens_in + g.tokens_out},
+            **head, "object": "chat.completion",
+            "choices": [{"index": i, "message": {"role": "assistant", "content": g.text},
+                         "logprobs": None if g.logprobs is None else {"content": [t.openai() for t in g.logprobs], "refusal": None},
+                         "finish_reason": g.finish_reason} for i, g in enumerate(results)],
+            "usage": usage(results),
         }
+
+    def stream(jobs: list[Job], head: dict, stops: tuple[str, ...], with_usage: bool, usage: Callable, done: Callable,
+               cancel: Callable) -> Any:
+        """The reply as server-sent events: a first chunk with the role, then each choice's text as it
+        is decoded (less what could still be the start of a stop string), its finish, the usage when
+        asked, and ``[DONE]``; an error after the first chunk is an ``error`` event. A client that
+        goes away cancels the jobs."""
+        from fastapi.responses import StreamingResponse
+
+        held = max((len(x) for x in stops), default=1) - 1
+        loop, arrived = asyncio.get_running_loop(), asyncio.Queue()  # type: ignore[var-annotated]
+        def emitter(i: int) -> Callable[[str], None]:
+            def emit(text: str) -> None:
+                loop.call_soon_threadsafe(arrived.put_nowait, (i, text))
+            return emit
+
+        for i, j in enumerate(jobs):
+            j.emit = emitter(i)
+
+        def event(choices: list, **more: Any) -> str:
+            return f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': choices, **more})}\n\n"
+
+        def delta(i: int, text: str, finish: str | None = None) -> dict:
+            return {"index": i, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+
+        async def events():  # type: ignore[no-untyped-def]
+            futures = [await batcher.submit(j) for j in jobs]
+            sent = [""] * len(jobs)
+            try:
+                yield event([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None} for i in range(len(jobs))])
+                while not (all(f.done() for f in futures) and arrived.empty()):
+                    try:
+                        i, text = await asyncio.wait_for(arrived.get(), timeout=0.05)
+                    except TimeoutError:
+                        continue
+                    text = cut_at_stop(text, stops)[0].rstrip("\ufffd")  # a character still being decoded waits too
+                    safe = text[: max(len(text) - held, 0)]
+                    if len(safe) > len(sent[i]) and safe.startswith(sent[i]):
+                        yield event([delta(i, safe[len(sent[i]) :])])
+                        sent[i] = safe
+                try:
+                    results: list[Generated] = [f.result() for f in futures]
+                except Exception as err:  # noqa: BLE001 - the status line has gone: the error travels as an event
+                    done(500)
+                    yield f"data: {json.dumps({'error': {'message': f'internal error: {err!r}', 'type': 'server_error', 'code': '500'}})}\n\n"
+                    return
+                for i, g in enumerate(results):
+                    yield event([delta(i, g.text[len(sent[i]) :] if g.text.startswith(sent[i]) else "", g.finish_reason)])
+                if with_usage:
+                    yield event([], usage=usage(results))
+                yield "data: [DONE]\n\n"
+                done(200, results)
+            finally:
+                if not all(f.done() for f in futures):  # the client went away
+                    cancel()
+                    done(499)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     return app
 
@@ -432,5 +641,10 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_new_tokens:
     backend = make_backend(model, max_new_tokens=max_new_tokens, batch_size=max_batch, dtype=dtype)
     context = getattr(backend.model.config, "max_position_embeddings", None)
     app = make_app(HFGenerate(backend.model, backend.tokenizer), model, max_new_tokens, context, max_batch)
+    if not log.handlers:  # one line per request on stderr
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     print(f"serving {model} on http://{host}:{sock.getsockname()[1]}/v1", flush=True)
     server_for(app, sock).run(sockets=[sock])
