@@ -654,5 +654,49 @@ def serve_cmd(
             fail(str(err))
 
 
+env_app = typer.Typer(no_args_is_help=True, help="The social world on the environment standards trainers plug in.")
+app.add_typer(env_app, name="env")
+
+
+@env_app.command("serve")
+def env_serve_cmd(
+    scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=(
+        "scenario ids or YAML paths the server offers (repeatable; default all shipped); a client picks one "
+        "by id or short name at reset")),
+    host: str = typer.Option("127.0.0.1", help="address to bind"),
+    port: int = typer.Option(8001, help=f"port ({PORT}; 8001 leaves 8000 to socialworld serve)"),
+    max_sessions: int = typer.Option(16, help=f"most concurrent sessions, one world each ({COUNT})"),
+    observation: Literal["prompt", "render"] = typer.Option(
+        "prompt", help="the observation text: prompt (the user message a language-model policy receives) or render (the world's long render)"),
+    max_turns: int = typer.Option(0, help=f"cap every episode's turn budget (0: the scenario's own; {SEED})"),
+) -> None:
+    """Serve the social world as an OpenEnv environment (pip install -e '.[openenv]'): OpenEnv's own
+    server, one world per WebSocket session; reset(seed, scenario) and step(reply) from OpenEnv's
+    client (socialworld.rollout.openenv.SocialWorldClient) or any trainer that takes an OpenEnv URL."""
+    try:
+        require("--port", port, PORT)
+        require("--max-sessions", max_sessions, COUNT)
+        require("--max-turns", max_turns, SEED)
+        specs = {s.id: s for s in resolve_scenarios(scenario or None)}
+        try:
+            from socialworld.rollout.openenv import make_app
+        except ImportError:
+            raise ValueError("env serve needs OpenEnv: pip install -e '.[openenv]'") from None
+        from socialworld.agents.lm.server import bind, server_for
+
+        sock = bind(host, port)
+        app_ = make_app(specs, max_sessions=max_sessions, observation=observation, max_turns=max_turns)
+        console.print(f"serving the social world ({len(specs)} scenarios) as an OpenEnv environment on "
+                      f"http://{host}:{sock.getsockname()[1]} (WebSocket /ws)")
+        server_for(app_, sock).run(sockets=[sock])
+    except (ScenarioError, ValueError) as err:
+        fail(str(err))
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            fail(f"{host}:{port} is in use by another program: choose another --port")
+        else:
+            fail(str(err))
+
+
 if __name__ == "__main__":
     app()

@@ -35,11 +35,10 @@ from typing import Any, Literal
 import gymnasium
 from gymnasium import spaces
 
-from socialworld.agents.lm.prompts import build_messages, parse_output
-from socialworld.metrics.core import align
+from socialworld.rollout.textenv import text_observation, text_step
 from socialworld.world.engine import World
 from socialworld.world.spec import ScenarioSpec, capped, load_builtin_scenarios, resolve_scenarios
-from socialworld.world.visibility import legal_actions, observe, render, to_plain
+from socialworld.world.visibility import observe, render
 
 ENV_NAMESPACE = "socialworld"
 MAX_TEXT = 1 << 16
@@ -94,18 +93,9 @@ class SocialWorldEnv(gymnasium.Env):
         return self._observe()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        w = self._live()
-        if w.done:
-            raise RuntimeError("the episode is over: call reset()")
-        obs = observe(w.spec, w.pub)
-        parsed, belief, error = parse_output(action, obs) if isinstance(action, str) else (None, None, "the action is not text")
-        truth = w.truth()
-        res = w.step(parsed, parse_error=error)
+        reward, done, happened = text_step(self._live(), action)
         text, info = self._observe()
-        info.update(parse_status=res.parse_status, error=res.error, executed=res.executed.key, penalty=res.penalty,
-                    penalty_reasons=list(res.penalty_reasons), q=res.q, align=None if belief is None else align(belief, truth),
-                    replies=[{"speaker": r.speaker, "text": r.text} for r in res.replies], subgoals=w.subgoals())
-        return text, float(res.reward), bool(res.done), False, info
+        return text, reward, done, False, {**info, **happened}
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":
@@ -132,11 +122,7 @@ class SocialWorldEnv(gymnasium.Env):
         return self.world
 
     def _observe(self) -> tuple[str, dict[str, Any]]:
-        w = self._live()
-        obs = observe(w.spec, w.pub)
-        messages = build_messages(obs)
-        text = messages[-1]["content"] if self.observation == "prompt" else render(obs)
-        return text, {"observation": to_plain(obs), "legal_actions": [a.key for a in legal_actions(obs)], "messages": messages}
+        return text_observation(self._live(), self.observation)
 
 
 def env_id(scenario_id: str) -> str:

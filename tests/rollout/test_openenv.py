@@ -1,0 +1,145 @@
+"""The OpenEnv environment with the real ``openenv`` package: OpenEnv's own validation of the running
+server, the runner's rewards step for step through its client, determinism across sessions, 16
+concurrent sessions, bad input, a client that goes away."""
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("openenv")
+
+from socialworld.agents.scripted import ExpertPolicy  # noqa: E402
+from socialworld.rollout.openenv import SocialAction, SocialWorldClient, make_app  # noqa: E402
+from socialworld.rollout.runner import EpisodeJob, run_episodes  # noqa: E402
+from socialworld.testing import serving  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def url():
+    with serving(make_app(max_sessions=16)) as u:
+        yield u.removesuffix("/v1")
+
+
+def _client(url):
+    return SocialWorldClient(base_url=url).sync()
+
+
+def _replay(env, reset: dict, replies: list[str]):
+    first = env.reset(**reset)
+    steps = [env.step(SocialAction(reply=r)) for r in replies]
+    return first, steps
+
+
+def _expert(spec, seed):
+    ep = run_episodes(ExpertPolicy(), [EpisodeJob(spec, seed)])[0]
+    return ep, [f"ACTION: {s.action.executed}\nSAY: {s.dialogue.utterance}" for s in ep.steps]
+
+
+def test_openenvs_own_validation_passes_on_the_running_server(url):
+    out = subprocess.run([str(Path(sys.executable).parent / "openenv"), "validate", "--url", url, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    report = json.loads(out.stdout)
+    assert out.returncode == 0 and report["passed"] is True, out.stdout[-2000:]
+
+
+def test_the_server_is_the_world_the_runner_drives(url, specs):
+    """The expert's moves replayed through the client get the runner's rewards, step for step."""
+    spec, seed = specs["book_club-v1"], 11
+    ep, replies = _expert(spec, seed)
+    with _client(url) as env:
+        first, steps = _replay(env, {"seed": seed, "scenario": "book_club"}, replies)
+        state = env.state()
+    assert first.observation.text.startswith("Turn 1/") and first.reward is None and not first.done
+    assert "end()" in first.observation.legal_actions and first.observation.messages[-1]["content"] == first.observation.text
+    assert [s.reward for s in steps] == [s.signals.reward.value for s in ep.steps]
+    assert all(s.observation.metadata["parse_status"] == "ok" for s in steps) and steps[-1].done
+    assert steps[-1].observation.metadata["subgoals"] == ep.final.subgoals
+    assert (state.scenario, state.seed, state.step_count, state.done) == ("book_club-v1", seed, len(ep.steps), True)
+
+
+def test_sixteen_concurrent_sessions_give_the_sequential_results(url, specs):
+    jobs = [(sid, seed) for sid in ("team_lunch-v1", "hackathon-v1") for seed in range(8)]
+    plays = {job: _expert(specs[job[0]], job[1])[1] for job in jobs}
+
+    def play(job):
+        with _client(url) as env:
+            first, steps = _replay(env, {"seed": job[1], "scenario": job[0]}, plays[job])
+        return first.observation.text, [(s.reward, s.observation.text) for s in steps]
+
+    sequential = {job: play(job) for job in jobs}
+    together, barrier = {}, threading.Barrier(len(jobs))
+
+    def run(job):
+        barrier.wait()
+        together[job] = play(job)
+
+    threads = [threading.Thread(target=run, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert together == sequential
+
+
+def test_bad_input_is_an_error_from_the_call_and_the_session_stays(url):
+    with _client(url) as env:
+        with pytest.raises(RuntimeError, match="call reset"):
+            env.step(SocialAction(reply="ACTION: wait()"))
+        with pytest.raises(RuntimeError, match="unknown scenario 'nowhere'; this server has"):
+            env.reset(seed=0, scenario="nowhere")
+        for bad in (-1, 2**63, "7", 1.5):
+            with pytest.raises(RuntimeError, match="seed must be an integer"):
+                env.reset(seed=bad, scenario="team_lunch")
+        with pytest.raises(RuntimeError, match="reset takes seed, episode_id and scenario, not colour"):
+            env.reset(seed=0, colour="red")
+        env.reset(seed=3, scenario="team_lunch")
+        r = env.step(SocialAction(reply="propose the thai place please"))  # the world's own case, not an error
+        assert r.observation.metadata["parse_status"] == "unparseable" and r.observation.metadata["executed"] == "wait()"
+        assert r.reward is not None and r.observation.metadata["penalty"] == pytest.approx(0.2)
+        drawn = env.reset(scenario="team_lunch")  # no seed: one is drawn, and kept
+        seed = env.state().seed
+        assert isinstance(seed, int) and env.reset(seed=seed, scenario="team_lunch").observation == drawn.observation
+
+
+def test_a_client_that_goes_away_frees_its_session():
+    with serving(make_app(max_sessions=1)) as u:
+        url = u.removesuffix("/v1")
+        for _ in range(3):  # one session at a time: each closes, the next one gets the place
+            with _client(url) as env:
+                assert env.reset(seed=0).observation.text.startswith("Turn 1/")
+        with _client(url) as env:
+            env.reset(seed=0)
+            with pytest.raises(Exception, match="(?i)capacity"), _client(url) as other:
+                other.reset(seed=0)
+
+
+def test_env_serve_starts_the_server_from_the_command_line(tmp_path):
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "socialworld.cli.main", "env", "serve", "--port", str(port),
+                             "--scenario", "team_lunch", "--max-turns", "3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, url = time.monotonic() + 60, f"http://127.0.0.1:{port}"
+        while True:
+            try:
+                with _client(url) as env:
+                    first = env.reset(seed=1)
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        assert first.observation.text.startswith("Turn 1/3")
+        with _client(url) as env, pytest.raises(RuntimeError, match="unknown scenario 'hackathon'; this server has team_lunch-v1"):
+            env.reset(seed=1, scenario="hackathon")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
