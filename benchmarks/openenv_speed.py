@@ -5,7 +5,7 @@ Run: ``python benchmarks/openenv_speed.py`` (``--episodes N`` per session, defau
 ``pip install -e '.[openenv]'``.
 
 Each session plays the expert's moves (computed beforehand with the runner, so the expert's own
-time is not measured) as reply text: in-process through :func:`socialworld.rollout.textenv.text_step`,
+time is not measured) as reply text: in-process through :class:`socialworld.rollout.textenv.TextEpisode`,
 then through :class:`socialworld.rollout.openenv.SocialWorldClient` over the WebSocket to a local
 server, with 1 session and with 16 sessions at once (one thread each). Prints the CPU and steps per
 second of each, and the ratios.
@@ -37,9 +37,8 @@ def main() -> None:
     from socialworld.agents.scripted import ExpertPolicy
     from socialworld.rollout.openenv import SocialAction, SocialWorldClient, make_app
     from socialworld.rollout.runner import EpisodeJob, run_episodes
-    from socialworld.rollout.textenv import text_step
+    from socialworld.rollout.textenv import TextEpisode
     from socialworld.testing import serving
-    from socialworld.world.engine import World
     from socialworld.world.spec import load_builtin_scenarios
 
     specs = list(load_builtin_scenarios().values())
@@ -50,9 +49,9 @@ def main() -> None:
     t0 = time.perf_counter()
     steps = 0
     for job, replies in zip(jobs, plays):
-        w = World(job.spec, job.seed)
+        episode = TextEpisode(job.spec, job.seed)
         for r in replies:
-            text_step(w, r)
+            episode.step(r)
             steps += 1
     local = steps / (time.perf_counter() - t0)
 

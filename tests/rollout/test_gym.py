@@ -18,7 +18,7 @@ from socialworld.world.visibility import observe  # noqa: E402
 
 @pytest.mark.parametrize("scenario_id", list(load_builtin_scenarios()))
 def test_check_env_passes_for_every_scenario(scenario_id):
-    env = gymnasium.make(sg.env_id(scenario_id))
+    env = gymnasium.make(sg.env_id(scenario_id), chat="episode" if scenario_id.startswith("team") else "state")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # Gymnasium's checker warns where it does not fail: none may remain
         check_env(env.unwrapped)
@@ -47,6 +47,8 @@ def test_the_env_is_the_world_the_runner_drives(specs):
         rewards.append(r)
     assert rewards == [s.signals.reward.value for s in ep.steps]
     assert info["subgoals"] == ep.final.subgoals
+    assert info["outcome"]["CR"] == ep.metrics.CR.value and info["outcome"]["solved"] == ep.metrics.solved
+    assert [s.signals.reward.value for s in env.unwrapped.record().steps] == rewards  # the runner's five-dimensional record
     with pytest.raises(RuntimeError, match="episode is over"):
         env.step("ACTION: wait()")
 

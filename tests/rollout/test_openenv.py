@@ -58,6 +58,8 @@ def test_the_server_is_the_world_the_runner_drives(url, specs):
     assert [s.reward for s in steps] == [s.signals.reward.value for s in ep.steps]
     assert all(s.observation.metadata["parse_status"] == "ok" for s in steps) and steps[-1].done
     assert steps[-1].observation.metadata["subgoals"] == ep.final.subgoals
+    assert steps[-1].observation.metadata["outcome"]["CR"] == ep.metrics.CR.value  # the outcome, at the end only
+    assert all("outcome" not in s.observation.metadata for s in steps[:-1])
     assert (state.scenario, state.seed, state.step_count, state.done) == ("book_club-v1", seed, len(ep.steps), True)
 
 

@@ -8,7 +8,8 @@
   the policy's format (:mod:`socialworld.rollout.textenv`: unparseable or illegal text is the
   world's own penalised ``wait()``, never an error). Its :class:`SocialObservation` carries the text
   (the user message a language-model policy receives), the chat, the legal actions and the
-  structured observation; ``reward`` is the world's step reward and ``metadata`` what the step did.
+  structured observation; ``reward`` is the world's step reward and ``metadata`` what the step did
+  (at the end, ``outcome``: pass, solved and the rule metrics from the episode's record).
 * :func:`make_app` is OpenEnv's own server (``create_app``): one environment per WebSocket session
   (``/ws``), up to ``max_sessions`` at once, each freed when its client goes away; the scenarios it
   offers are fixed when it starts (a client names one by id or short name, never a path on the
@@ -30,8 +31,7 @@ from openenv.core import Action, EnvClient, Environment, Observation, State, cre
 from openenv.core.client_types import StepResult
 from pydantic import Field
 
-from socialworld.rollout.textenv import TextMode, text_observation, text_step
-from socialworld.world.engine import World
+from socialworld.rollout.textenv import ChatMode, TextEpisode, TextMode
 from socialworld.world.spec import ScenarioSpec, capped, load_builtin_scenarios
 
 ENV_NAME = "socialworld"
@@ -70,15 +70,16 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self, scenarios: dict[str, ScenarioSpec] | None = None, default: str | None = None,
-                 observation: TextMode = "prompt", max_turns: int = 0) -> None:
+                 observation: TextMode = "prompt", max_turns: int = 0, chat: ChatMode = "state") -> None:
         super().__init__()
         self.scenarios = scenarios if scenarios is not None else load_builtin_scenarios()
         if not self.scenarios:
             raise ValueError("an environment needs at least one scenario")
         self.default = default or next(iter(self.scenarios))
         self.mode: TextMode = observation
+        self.chat: ChatMode = chat
         self.max_turns = max_turns
-        self.world: World | None = None
+        self.episode: TextEpisode | None = None
         self._state = SocialState()
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, scenario: str | None = None,
@@ -89,14 +90,14 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
             raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
         spec = self._scenario(scenario or self.default)
         seed = secrets.randbits(63) if seed is None else seed
-        self.world = World(capped(spec, self.max_turns), seed)
+        self.episode = TextEpisode(capped(spec, self.max_turns), seed, self.mode, self.chat)
         self._state = SocialState(episode_id=episode_id or str(uuid.uuid4()), step_count=0, scenario=spec.id, seed=seed)
         return self._observe(None, False, {})
 
     def step(self, action: SocialAction, timeout_s: float | None = None, **kwargs: Any) -> SocialObservation:  # type: ignore[override]
-        if self.world is None:
+        if self.episode is None:
             raise RuntimeError("call reset() first")
-        reward, done, happened = text_step(self.world, action.reply)
+        reward, done, happened = self.episode.step(action.reply)
         self._state.step_count += 1
         return self._observe(reward, done, happened)
 
@@ -111,19 +112,19 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
         return found[0]
 
     def _observe(self, reward: float | None, done: bool, happened: dict[str, Any]) -> SocialObservation:
-        assert self.world is not None
-        text, info = text_observation(self.world, self.mode)
-        self._state.turn, self._state.done = self.world.t, bool(self.world.done)
+        assert self.episode is not None
+        text, info = self.episode.observe()
+        self._state.turn, self._state.done = self.episode.world.t, bool(self.episode.world.done)
         return SocialObservation(text=text, messages=info["messages"], legal_actions=info["legal_actions"],
                                  observation=info["observation"], reward=reward, done=done, metadata=happened)
 
 
 def make_app(scenarios: dict[str, ScenarioSpec] | None = None, max_sessions: int = 16, observation: TextMode = "prompt",
-             max_turns: int = 0) -> Any:
+             max_turns: int = 0, chat: ChatMode = "state") -> Any:
     """OpenEnv's FastAPI app serving :class:`SocialWorldEnvironment` over ``scenarios`` (default: the
     shipped ones): one environment per WebSocket session, at most ``max_sessions`` at once."""
     specs = scenarios if scenarios is not None else load_builtin_scenarios()
-    factory = partial(SocialWorldEnvironment, specs, None, observation, max_turns)
+    factory = partial(SocialWorldEnvironment, specs, None, observation, max_turns, chat)
     return create_app(factory, SocialAction, SocialObservation, env_name=ENV_NAME, max_concurrent_envs=max_sessions,
                       state_cls=SocialState)
 

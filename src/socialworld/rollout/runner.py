@@ -105,8 +105,6 @@ def run_episodes(
     lockstep step with the turns it used up: one per episode that stepped, plus the unused turn
     budget of each episode that just ended, so the counts add up to :func:`turn_budget` of the
     jobs (a progress bar whose ETA holds while episodes in a lockstep batch finish together)."""
-    from socialworld.metrics.diagnostics import diagnose
-
     info = policy_info or (policy.info() if hasattr(policy, "info") else PolicyRec(policy_id=policy.policy_id))
     out: list[EpisodeRecord] = []
     for start in range(0, len(jobs), batch_size):
@@ -125,13 +123,11 @@ def run_episodes(
             obs = [o if batch[i].memory is None else dataclasses.replace(o, memory=batch[i].memory) for i, o in zip(active, obs)]
             decisions = decide(policy, [keys[i] for i in active], [worlds[i] for i in active], obs)
             for i, o, d in zip(active, obs, decisions):
-                steps[i].append(_step(worlds[i], o, d, info))
+                steps[i].append(step_record(worlds[i], o, d, info))
             if on_steps:
                 on_steps(sum(1 + (worlds[i].spec.turn_budget - len(steps[i]) if worlds[i].done else 0) for i in active))
         for j, (w, chain), st, p0 in zip(batch, made, steps, phi0):
-            ep = _episode(j, w, st, p0, info.policy_id, run_seed, chain)
-            ep = ep.model_copy(update={"metrics": episode_metrics(ep)})
-            ep = ep.model_copy(update={"diagnostics": diagnose(ep)})
+            ep = episode_record(j, w, st, p0, info.policy_id, run_seed, chain)
             out.append(ep)
             if on_episode:
                 on_episode(ep)
@@ -145,7 +141,8 @@ def _prompt(d: Decision) -> PromptRec | None:
     return PromptRec(version=version, messages=[Message(role=r, content=c) for r, c in messages])
 
 
-def _step(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
+def step_record(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
+    """Play decision ``d`` on ``w`` (at observation ``obs``) and record the step in five dimensions."""
     truth = w.truth()
     a_t = align(d.mental_state, truth)
     setting = Setting(scenario_id=w.spec.id, tier=w.spec.tier, seed=w.seed, step=w.t, turn_budget=w.spec.turn_budget)
@@ -192,8 +189,19 @@ def _step(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
     )
 
 
-def _episode(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, policy_id: str, run_seed: int | None,
-             chain: dict | None = None) -> EpisodeRecord:
+def episode_record(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, policy_id: str, run_seed: int | None,
+                   chain: dict | None = None) -> EpisodeRecord:
+    """The scored record (metrics and diagnostics) of ``job``'s episode, played on ``w`` as ``steps``
+    from progress ``phi0``."""
+    from socialworld.metrics.diagnostics import diagnose
+
+    ep = _unscored(job, w, steps, phi0, policy_id, run_seed, chain)
+    ep = ep.model_copy(update={"metrics": episode_metrics(ep)})
+    return ep.model_copy(update={"diagnostics": diagnose(ep)})
+
+
+def _unscored(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, policy_id: str, run_seed: int | None,
+              chain: dict | None = None) -> EpisodeRecord:
     return EpisodeRecord(
         episode_id=f"{job.spec.id}/{job.seed}/{policy_id}" + (f"/{job.tag}" if job.tag else ""),
         scenario_id=job.spec.id,

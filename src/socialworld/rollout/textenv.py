@@ -1,14 +1,20 @@
-"""The social world as text in, text out: what the Gymnasium env (:mod:`socialworld.rollout.gym`) and
-the OpenEnv environment (:mod:`socialworld.rollout.openenv`) both serve, over a live
-:class:`~socialworld.world.engine.World`.
+"""The social world as text in, text out: one episode as the Gymnasium env
+(:mod:`socialworld.rollout.gym`) and the OpenEnv environment (:mod:`socialworld.rollout.openenv`) both
+serve it, recorded in five dimensions as the runner records any policy's.
 
-* :func:`text_observation`: the observation as text (``prompt``: the user message a language-model
-  policy receives; ``render``: the world's long render) and its info (the structured observation,
-  the legal actions' canonical strings, the LM chat for this state).
-* :func:`text_step`: one reply in the policy's format (``BELIEF: …`` / ``ACTION: <action>`` /
+* :meth:`TextEpisode.observe`: the observation as text (``prompt``: the user message a
+  language-model policy receives; ``render``: the world's long render) and its info (the
+  structured observation, the legal actions' canonical strings, the chat: this state's system and
+  user messages, or with ``chat="episode"`` the whole episode as one growing conversation, each
+  reply and the next observation appended).
+* :meth:`TextEpisode.step`: one reply in the policy's format (``BELIEF: …`` / ``ACTION: <action>`` /
   ``SAY: …``; only ``ACTION`` is required), parsed strictly; unparseable or illegal text is the
   world's own case (recorded, penalised, executed as ``wait()``). Returns the world's step reward,
-  whether the episode ended, and what happened.
+  whether the episode ended, and what happened; at the end, ``outcome``: whether it passed and
+  was solved, and the rule metrics (contract §5), from the episode's own record.
+* :meth:`TextEpisode.expert_reply`: the expert's move at this state as a reply in the policy's
+  format (the BELIEF line a trained policy is taught, the action, the words), for warm starts and
+  tests.
 """
 
 from __future__ import annotations
@@ -16,35 +22,110 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from socialworld.agents.lm.prompts import build_messages, parse_output
-from socialworld.metrics.core import align
+from socialworld.core import Decision
+from socialworld.records import EpisodeRecord, PolicyRec, StepRecord
+from socialworld.rollout.runner import EpisodeJob, episode_record, step_record
 from socialworld.world.engine import World
+from socialworld.world.spec import ScenarioSpec
 from socialworld.world.visibility import legal_actions, observe, render, to_plain
 
 TextMode = Literal["prompt", "render"]
+ChatMode = Literal["state", "episode"]
+TEXT_POLICY = "text"
+"""the policy id of a text episode's record (whoever wrote the replies)"""
 
 
-def text_observation(world: World, mode: TextMode = "prompt") -> tuple[str, dict[str, Any]]:
-    """The world's current observation as text, and ``{"observation", "legal_actions", "messages"}``."""
-    obs = observe(world.spec, world.pub)
-    messages = build_messages(obs)
-    text = messages[-1]["content"] if mode == "prompt" else render(obs)
-    return text, {"observation": to_plain(obs), "legal_actions": [a.key for a in legal_actions(obs)], "messages": messages}
+class TextEpisode:
+    """One episode of ``spec`` from ``seed`` (``World(spec, seed)``), played by replies as text."""
+
+    def __init__(self, spec: ScenarioSpec, seed: int, mode: TextMode = "prompt", chat: ChatMode = "state",
+                 world: World | None = None) -> None:
+        if mode not in ("prompt", "render"):
+            raise ValueError(f"observation must be prompt or render, got {mode!r}")
+        if chat not in ("state", "episode"):
+            raise ValueError(f"chat must be state or episode, got {chat!r}")
+        self.job = EpisodeJob(spec, seed)
+        self.world = world if world is not None else self.job.world()[0]
+        """the live world (``fork()`` and ``snapshot_json()`` for lookahead)"""
+        self.mode, self.chat = mode, chat
+        self.steps: list[StepRecord] = []
+        self.recorded = world is None
+        """False for an episode restored mid-way: its record would lack the steps before the snapshot"""
+        self._phi0 = self.world.progress()
+        self._chat = build_messages(observe(self.world.spec, self.world.pub))
+        self._expert: Any = None
+
+    @classmethod
+    def restored(cls, snapshot: str, spec: ScenarioSpec, mode: TextMode = "prompt", chat: ChatMode = "state") -> TextEpisode:
+        """An episode put back from ``World.snapshot_json()`` (no record, no outcome: see :attr:`recorded`)."""
+        w = World.restore(snapshot, spec)
+        return cls(spec, w.seed, mode, chat, world=w)
+
+    def observe(self) -> tuple[str, dict[str, Any]]:
+        """The observation as text, and ``{"observation", "legal_actions", "messages"}``."""
+        obs = observe(self.world.spec, self.world.pub)
+        messages = build_messages(obs)
+        text = messages[-1]["content"] if self.mode == "prompt" else render(obs)
+        return text, {"observation": to_plain(obs), "legal_actions": [a.key for a in legal_actions(obs)],
+                      "messages": [dict(m) for m in self._chat] if self.chat == "episode" else messages}
+
+    def step(self, reply: Any) -> tuple[float, bool, dict[str, Any]]:
+        """Play ``reply`` (text in the policy's format; anything else is an unparseable reply): the
+        step reward, whether the episode is over, and ``{"parse_status", "error", "executed",
+        "penalty", "penalty_reasons", "q", "align", "replies", "subgoals"}`` (``q``: the dialogue
+        score, None when nothing assessable was said; ``align``: the stated belief against the
+        hidden truth, None without a parseable belief), with ``outcome`` at the end (None for an
+        episode restored mid-way). Raises ``RuntimeError`` once the episode is over."""
+        w = self.world
+        if w.done:
+            raise RuntimeError("the episode is over: call reset()")
+        obs = observe(w.spec, w.pub)
+        text = reply if isinstance(reply, str) else ""
+        parsed, belief, error = parse_output(reply, obs) if isinstance(reply, str) else (None, None, "the action is not text")
+        rec = step_record(w, obs, Decision(parsed, belief, raw=text, parse_error=error), PolicyRec(policy_id=TEXT_POLICY))
+        self.steps.append(rec)
+        info: dict[str, Any] = {
+            "parse_status": rec.action.parse_status, "error": rec.action.error, "executed": rec.action.executed,
+            "penalty": rec.signals.penalty.value, "penalty_reasons": list(rec.signals.penalty_reasons), "q": rec.signals.q.value,
+            "align": None if belief is None else rec.signals.align.value,
+            "replies": [{"speaker": r.speaker, "text": r.text} for r in rec.dialogue.replies], "subgoals": w.subgoals()}
+        self._chat += [{"role": "assistant", "content": text},
+                       {"role": "user", "content": build_messages(observe(w.spec, w.pub))[-1]["content"]}]
+        if w.done:
+            info["outcome"] = outcome(self.record()) if self.recorded else None
+        reward = rec.signals.reward.value
+        assert reward is not None  # the world always gives one (source "direct")
+        return float(reward), bool(w.done), info
+
+    def record(self) -> EpisodeRecord:
+        """The episode's scored record so far (as the runner writes it; policy id ``text``)."""
+        if not self.recorded:
+            raise RuntimeError("an episode restored from a snapshot has no record of the steps before it")
+        return episode_record(self.job, self.world, self.steps, self._phi0, TEXT_POLICY, None)
+
+    def expert_reply(self) -> str:
+        """The expert's move at this state as a reply in the policy's format: the BELIEF line a
+        trained policy is taught (:func:`~socialworld.agents.lm.policy.belief_target`), its action
+        and its words. The expert remembers the episode's earlier states it was asked about.
+        Played at every state it makes the expert's own moves, rewards and completion; its BELIEF
+        line names one person, so understanding (U, and D with it) is lower than the expert's own
+        records, which state everything it infers."""
+        from socialworld.agents.lm.policy import target_turn
+        from socialworld.agents.scripted import ExpertPolicy
+
+        if self._expert is None:
+            self._expert = ExpertPolicy()
+            self._expert.reset(["episode"])
+        obs = observe(self.world.spec, self.world.pub)
+        action = self._expert.act(["episode"], [obs])[0].action
+        return target_turn(obs, action.key, action.utterance)
 
 
-def text_step(world: World, reply: Any) -> tuple[float, bool, dict[str, Any]]:
-    """Play ``reply`` (text in the policy's format; anything else is an unparseable reply) on
-    ``world``: the step reward, whether the episode is over, and ``{"parse_status", "error",
-    "executed", "penalty", "penalty_reasons", "q", "align", "replies", "subgoals"}`` (``q``: the
-    dialogue score, None when nothing assessable was said; ``align``: the stated belief against the
-    hidden truth, None without a parseable belief). Raises ``RuntimeError`` once the episode is over."""
-    if world.done:
-        raise RuntimeError("the episode is over: call reset()")
-    obs = observe(world.spec, world.pub)
-    parsed, belief, error = parse_output(reply, obs) if isinstance(reply, str) else (None, None, "the action is not text")
-    truth = world.truth()
-    res = world.step(parsed, parse_error=error)
-    info = {"parse_status": res.parse_status, "error": res.error, "executed": res.executed.key, "penalty": res.penalty,
-            "penalty_reasons": list(res.penalty_reasons), "q": res.q,
-            "align": None if belief is None else align(belief, truth),
-            "replies": [{"speaker": r.speaker, "text": r.text} for r in res.replies], "subgoals": world.subgoals()}
-    return float(res.reward), bool(res.done), info
+def outcome(ep: EpisodeRecord) -> dict[str, Any]:
+    """An episode's result: ``pass`` and ``solved`` (contract §5), the rule metrics ``U``, ``A_e``,
+    ``S_npc``, ``D``, ``CR``, and the guards broken."""
+    m = ep.metrics
+    if m is None:
+        raise ValueError(f"episode {ep.episode_id} is not scored")
+    return {"pass": m.passed, "solved": m.solved, "U": m.U.value, "A_e": m.A_e.value, "S_npc": m.S_npc.value,
+            "D": m.D.value, "CR": m.CR.value, "guards_broken": list(m.guards_broken)}

@@ -1,0 +1,65 @@
+"""One episode as text in, text out: the runner's record and outcome, the episode as one growing chat,
+the expert as reply text."""
+
+import pytest
+
+from socialworld.agents.scripted import ExpertPolicy
+from socialworld.rollout.runner import EpisodeJob, run_episodes
+from socialworld.rollout.textenv import TextEpisode, outcome
+
+
+@pytest.mark.parametrize("sid, seed", [("book_club-v1", 11), ("hackathon-v1", 2), ("weather_picnic-v1", 5)])
+def test_the_experts_reply_text_plays_the_experts_episode(specs, sid, seed):
+    """Playing :meth:`TextEpisode.expert_reply` at every state gives the runner's expert episode: the
+    same moves, rewards and outcome; the episode's record scores as the runner's does."""
+    ref = run_episodes(ExpertPolicy(), [EpisodeJob(specs[sid], seed)])[0]
+    ep = TextEpisode(specs[sid], seed)
+    rewards, done, info = [], False, {}
+    while not done:
+        reply = ep.expert_reply()
+        assert reply.startswith("BELIEF:") and "\nACTION: " in reply and "\nSAY:" in reply
+        r, done, info = ep.step(reply)
+        assert info["parse_status"] == "ok"
+        rewards.append(r)
+    assert rewards == [s.signals.reward.value for s in ref.steps]
+    assert [s.action.executed for s in ep.record().steps] == [s.action.executed for s in ref.steps]
+    got, want = info["outcome"], outcome(ref)
+    assert set(got) == {"pass", "solved", "U", "A_e", "S_npc", "D", "CR", "guards_broken"}
+    # the same episode; understanding differs only by what is stated: the reply's BELIEF line names
+    # one person (what a policy is taught), the expert's own record states all it infers
+    assert {k: v for k, v in got.items() if k not in ("U", "D", "pass")} == {k: v for k, v in want.items() if k not in ("U", "D", "pass")}
+    assert 0 <= got["U"] <= want["U"] and got["D"] <= want["D"]
+
+
+def test_the_episode_as_one_growing_chat(specs):
+    ep = TextEpisode(specs["team_lunch-v1"], 3, chat="episode")
+    _, info = ep.observe()
+    assert [m["role"] for m in info["messages"]] == ["system", "user"]
+    replies = ["ACTION: wait()", "gibberish that does not parse"]
+    for reply in replies:
+        ep.step(reply)
+    text, info = ep.observe()
+    msgs = info["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert [m["content"] for m in msgs if m["role"] == "assistant"] == replies and msgs[-1]["content"] == text
+    state = TextEpisode(specs["team_lunch-v1"], 3)  # the default: this state's chat alone
+    state.step("ACTION: wait()")
+    assert [m["role"] for m in state.observe()[1]["messages"]] == ["system", "user"]
+
+
+def test_a_restored_episode_has_no_outcome_and_bad_options_are_named(specs):
+    spec = specs["team_lunch-v1"]
+    ep = TextEpisode(spec, 1)
+    ep.step("ACTION: wait()")
+    back = TextEpisode.restored(ep.world.snapshot_json(), spec)
+    assert back.world.t == ep.world.t and not back.recorded
+    done, info = False, {}
+    while not done:
+        _, done, info = back.step("ACTION: end()")
+    assert info["outcome"] is None
+    with pytest.raises(RuntimeError, match="restored from a snapshot"):
+        back.record()
+    with pytest.raises(RuntimeError, match="episode is over"):
+        back.step("ACTION: wait()")
+    with pytest.raises(ValueError, match="chat must be state or episode"):
+        TextEpisode(spec, 0, chat="growing")
