@@ -83,7 +83,7 @@ def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from socialworld.learn.listwise import _block_logps, _forward, build_row, invocation
+    from socialworld.learn.listwise import PromptKV, _block_logps, _forward, build_row, invocation
     from socialworld.learn.train import assistant_header, load_trainable
 
     model, tok = load_trainable(tiny_dir)
@@ -120,6 +120,20 @@ def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir):
     assert got[1] == pytest.approx([alone(one, 0)], abs=1e-4)
     with torch.no_grad(), model.disable_adapter():
         assert [float(x) for x in _block_logps(_forward(model, [two], pad), 0, two)] != pytest.approx(got[0], abs=1e-3)
+    # the prompts' KV kept across passes: the same log-probabilities, in another batch, from the store
+    kept = PromptKV()
+    with torch.no_grad():
+        for rows in ([two, one], [one, two, one]):
+            logits = _forward(model, rows, pad, kept)
+            for b, r in enumerate(rows):
+                want = got[0] if r is two else got[1]
+                assert [float(x) for x in _block_logps(logits, b, r)] == pytest.approx(want, abs=1e-4)
+    assert (kept.misses, kept.hits, len(kept._kv)) == (2, 3, 2) and kept.bytes > 0
+    tight = PromptKV(max_bytes=kept.bytes // 2)  # room for one prompt's KV: the other is read each time
+    with torch.no_grad():
+        _forward(model, [two, one], pad, tight)
+        _forward(model, [two, one], pad, tight)
+    assert len(tight._kv) == 1 and tight.misses == 3 and tight.bytes <= tight.max_bytes
 
 
 @needs_torch

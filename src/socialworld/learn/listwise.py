@@ -40,8 +40,10 @@ header; :attr:`TrainConfig.activated`) acts from the reply's header on: the prom
 model's. Each batch then reads its prompts once under the base model without gradient (their KV
 cache) and runs only the replies (header, BELIEF line, candidate blocks) through the adapter: the
 prompt's ~400 tokens never enter the backward pass, about a third of a step's cost here
-(docs/experiments/2026-11-27-activated-adapter.md). The decoder prefills such an adapter's prompts
-under the base model too (:mod:`socialworld.agents.lm.constrained`).
+(docs/experiments/2026-11-27-activated-adapter.md). The base model's weights never change, so
+neither does a prompt's KV: :class:`PromptKV` keeps each row's for the whole run (up to
+:data:`PROMPT_KV_BYTES`), and a row seen again in a later pass skips its prompt. The decoder
+prefills such an adapter's prompts under the base model too (:mod:`socialworld.agents.lm.constrained`).
 """
 
 from __future__ import annotations
@@ -185,12 +187,69 @@ def invocation(model: Any) -> list[int] | None:
     return adapter_invocation(model, getattr(model, "active_adapter", None))
 
 
-def _forward(model: Any, rows: Sequence[Row], pad: int) -> Logits:
+PROMPT_KV_BYTES = 4 << 30
+"""the most bytes :class:`PromptKV` keeps in one training run (the bundled model's KV is about 46 kB
+a prompt token in float32: some 200 prompts of 400 tokens); rows beyond it are read each time"""
+
+
+class PromptKV:
+    """The base model's KV cache of each row's prompt (its ids before the adapter's invocation), kept
+    for one training run: the base weights are frozen, so a row's prompt KV is the same at every
+    pass. Rows are added until ``max_bytes``; later ones are computed each time (no eviction: rows
+    come back once a shuffled pass, so a least-recently-used store of fewer rows than a pass would
+    never hit)."""
+
+    def __init__(self, max_bytes: int = PROMPT_KV_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = self.hits = self.misses = 0
+        self._kv: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
+
+    def batch(self, model: Any, prompts: Sequence[tuple[int, ...]], pad: int) -> Any:
+        """A ``DynamicCache`` of ``prompts`` (a batch, each right-padded to the longest with zero
+        keys and values the attention mask leaves out), computed under the base model without
+        gradient where not kept."""
+        import torch
+        import torch.nn.functional as F
+        from transformers import DynamicCache
+
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._kv))
+        self.hits += len(prompts) - sum(1 for p in prompts if p in missing)
+        self.misses += sum(1 for p in prompts if p in missing)
+        fresh: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
+        if missing:
+            dev = next(model.parameters()).device
+            width = max(len(p) for p in missing)
+            ids = torch.full((len(missing), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(missing), width), dtype=torch.long)
+            for b, p in enumerate(missing):
+                ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+                mask[b, : len(p)] = 1
+            with torch.no_grad(), model.disable_adapter():
+                out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), use_cache=True,
+                            position_ids=torch.arange(width, device=dev).expand(len(missing), -1), logits_to_keep=1)
+            for b, p in enumerate(missing):
+                kv = [(layer.keys[b : b + 1, :, : len(p)].clone(), layer.values[b : b + 1, :, : len(p)].clone())
+                      for layer in out.past_key_values.layers]
+                fresh[p] = kv
+                size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+                if self.bytes + size <= self.max_bytes:
+                    self._kv[p] = kv
+                    self.bytes += size
+        width = max(len(p) for p in prompts)
+        rows = [self._kv.get(p) or fresh[p] for p in prompts]
+        pad_to = lambda t: F.pad(t, (0, 0, 0, width - t.shape[2]))  # noqa: E731 - zeros after the prompt
+        layers = [(torch.cat([pad_to(r[i][0]) for r in rows]), torch.cat([pad_to(r[i][1]) for r in rows]))
+                  for i in range(len(rows[0]))]
+        return DynamicCache(ddp_cache_data=layers)
+
+
+def _forward(model: Any, rows: Sequence[Row], pad: int, prompt_kv: PromptKV | None = None) -> Logits:
     """The rows' logits under ``model`` (a PEFT model or a plain one): one forward pass, or for an
-    activated adapter the prompts under the base model without gradient, then the replies."""
+    activated adapter the prompts under the base model without gradient (kept in ``prompt_kv``
+    when given), then the replies."""
     inv = invocation(model)
     if inv is not None:
-        return _forward_activated(model, rows, pad, inv)
+        return _forward_activated(model, rows, pad, inv, prompt_kv)
     ids, pos, mask = _batch(rows, pad)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     hidden = base.model(input_ids=ids.to(base.device), attention_mask=None if mask is None else mask.to(base.device),
@@ -199,7 +258,8 @@ def _forward(model: Any, rows: Sequence[Row], pad: int) -> Logits:
     return lambda b, at: head(hidden[b][list(at)]).float()
 
 
-def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[int]) -> Logits:
+def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[int],
+                       prompt_kv: PromptKV | None = None) -> Logits:
     """:func:`_forward` for an activated adapter: row b's ids before its last invocation (``S_b``)
     are read by the base model (the KV cache, no gradient); the rest, under the adapter, attends to
     them as :func:`_row_mask` says."""
@@ -229,7 +289,9 @@ def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[
         for i in range(n, T):  # padding attends to itself (no empty softmax)
             mask[b, 0, i, P + i] = True
     cache = None
-    if P:
+    if P and prompt_kv is not None and all(starts):
+        cache = prompt_kv.batch(model, [tuple(r.ids[:s]) for r, s in zip(rows, starts)], pad)
+    elif P:
         with torch.no_grad(), model.disable_adapter():
             cache = model(input_ids=prompt.to(dev), attention_mask=prompt_mask.to(dev), use_cache=True,
                           position_ids=torch.arange(P, device=dev).expand(B, -1), logits_to_keep=1).past_key_values
@@ -264,12 +326,13 @@ def candidate_logprobs(model: Any, tok: Any, pair: Pair, cfg: TrainConfig) -> di
     return {k: float(x) for k, x in zip(row.keys, logp)}
 
 
-def row_loss(model: Any, rows: Sequence[Row], pad: int, decision_weight: float) -> Any:
-    """Mean over ``rows`` of the per-state loss (the module docstring's L, W = ``decision_weight``)."""
+def row_loss(model: Any, rows: Sequence[Row], pad: int, decision_weight: float, prompt_kv: PromptKV | None = None) -> Any:
+    """Mean over ``rows`` of the per-state loss (the module docstring's L, W = ``decision_weight``);
+    an activated adapter's prompts come from ``prompt_kv`` where it keeps them."""
     import torch
     import torch.nn.functional as F
 
-    logits = _forward(model, rows, pad)
+    logits = _forward(model, rows, pad, prompt_kv)
     losses = []
     for b, r in enumerate(rows):
         if r.nll:
@@ -284,11 +347,13 @@ def row_loss(model: Any, rows: Sequence[Row], pad: int, decision_weight: float) 
 
 def train_listwise(model: Any, tok: Any, pairs: Sequence[Pair], cfg: TrainConfig, dtype: str,
                    kinds_balance: Callable[[list[str | None]], list[int]], steps: int,
-                   on_step: Callable[[], None] | None = None) -> tuple[list[float], dict[str, int]]:
+                   on_step: Callable[[], None] | None = None, prompt_kv: PromptKV | None = None) -> tuple[list[float], dict[str, int]]:
     """Train ``model`` (a PEFT model with trainable LoRA weights) on ``pairs`` for ``steps``
     AdamW steps of ``cfg.batch_size`` rows, the learning rate decaying linearly to 0 (as TRL's
     trainers do). Rows are balanced by ``kinds_balance`` (indices, repeats allowed) and shuffled
-    each pass by ``cfg.seed``. Returns the losses per step and the row counts."""
+    each pass by ``cfg.seed``; an activated adapter's prompt KV is kept across passes in
+    ``prompt_kv`` (a new :class:`PromptKV` when not given). Returns the losses per step and the row
+    counts."""
     import torch
 
     built = [build_row(p, tok, cfg.value_temperature, cfg.value_margin, cfg.max_length) for p in pairs]
@@ -304,6 +369,7 @@ def train_listwise(model: Any, tok: Any, pairs: Sequence[Pair], cfg: TrainConfig
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     bf16 = dtype == "bfloat16"
     device = next(model.parameters()).device
+    prompt_kv = prompt_kv if prompt_kv is not None else PromptKV()
     losses = []
     model.train()
     for _ in range(steps):
@@ -316,7 +382,7 @@ def train_listwise(model: Any, tok: Any, pairs: Sequence[Pair], cfg: TrainConfig
             assert row is not None
             batch.append(row)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = row_loss(model, batch, pad, cfg.decision_weight)
+            loss = row_loss(model, batch, pad, cfg.decision_weight, prompt_kv)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)  # as TRL's trainers (max_grad_norm 1.0)
