@@ -21,7 +21,9 @@ Run: ``python benchmarks/learning_speed.py`` (about 3 minutes on 2 cores); ``--s
   pairs, and rows per minute of both trainers (rows = steps x batch).
 * activated: the same objective with an activated adapter (``activated=True``: the prompts read by
   the base model without gradient, the replies trained) on the reference pairs (their legal sets,
-  one-hot targets), seconds per step and rows per minute.
+  one-hot targets), seconds per step and rows per minute; and again on two batches' worth of those
+  rows, so each comes back every other step and its prompt's KV is read from the store
+  (``listwise.PromptKV``), as in a main job's later passes.
 * raw: one batched forward pass (no generation) over the same episodes' first prompts,
   tokens/s = non-padding tokens / seconds; ratio = achieved / raw.
 """
@@ -101,6 +103,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         act = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(VALUES_TRAIN, steps=args.steps, max_epochs=0,
                                                                            activated=True), pairs=pairs)
+    with tempfile.TemporaryDirectory() as tmp:
+        again = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(VALUES_TRAIN, steps=args.steps, max_epochs=0, balance=0,
+                                                                             activated=True), pairs=pairs[: 2 * VALUES_TRAIN.batch_size])
 
     # decisions: every scenario's first evaluation seed, in one lockstep batch
     jobs = [EpisodeJob(capped(s, args.turns), episode_seeds(0, s.id, 1)[0]) for s in specs.values()]
@@ -137,7 +142,8 @@ def main() -> None:
                      "rows_per_minute": 60 * lw.steps * VALUES_TRAIN.batch_size / lw.train_seconds,
                      "sft_rows_per_minute": 60 * res.steps * RECIPE_TRAIN.batch_size / res.train_seconds},
         "activated": {"steps": act.steps, "seconds_per_step": act.train_seconds / act.steps,
-                      "rows_per_minute": 60 * act.steps * VALUES_TRAIN.batch_size / act.train_seconds},
+                      "rows_per_minute": 60 * act.steps * VALUES_TRAIN.batch_size / act.train_seconds,
+                      "seconds_per_step_rows_again": again.train_seconds / again.steps},
         "decode": {"dtype": auto_dtype(), "episodes": len(eps), "decisions": len(steps), "lm_batch": args.lm_batch,
                    "seconds_per_decision": wall / len(steps), "prompt_tokens_per_decision": prompt / len(steps),
                    "achieved_tokens_per_s": processed / wall, "raw_forward_tokens_per_s": raw,
@@ -153,7 +159,8 @@ def main() -> None:
           f"counterfactual evaluations/s, {v['candidates_per_state']:.1f} candidates and {v['seconds_per_state']:.2f} s per state")
     print(f"listwise: {lw_['seconds_per_step']:.2f} s/step; rows per minute {lw_['rows_per_minute']:.1f} (sft {lw_['sft_rows_per_minute']:.1f})")
     a = out["activated"]
-    print(f"activated listwise: {a['seconds_per_step']:.2f} s/step; rows per minute {a['rows_per_minute']:.1f}")
+    print(f"activated listwise: {a['seconds_per_step']:.2f} s/step; rows per minute {a['rows_per_minute']:.1f}; "
+          f"{a['seconds_per_step_rows_again']:.2f} s/step where rows come back (their prompts' KV kept)")
     print(f"decoding ({d['dtype']}, batch {d['lm_batch']}): {d['seconds_per_decision']:.3f} s/decision over {d['decisions']} "
           f"decisions; {d['prompt_tokens_per_decision']:.0f} prompt tokens per decision")
     print(f"throughput: achieved {d['achieved_tokens_per_s']:.0f} tok/s, raw batched forward {d['raw_forward_tokens_per_s']:.0f} tok/s "
