@@ -70,12 +70,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max-completion-length", type=int, default=48)
     ap.add_argument("--learning-rate", type=float, default=1e-4)
     ap.add_argument("--out", default="runs/grpo-gymnasium", help="folder for the LoRA adapter")
+    ap.add_argument("--flat-reward-patience", type=int, default=5,
+                    help="stop once every group's rewards were equal for this many steps in a row (0: never)")
     args = ap.parse_args(argv)
 
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
+
+    from socialworld.learn.train import flat_reward_stop
 
     if args.model == "bundled":
         from socialworld.agents.models import bundled_path
@@ -91,12 +95,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         num_generations=args.generations, max_completion_length=args.max_completion_length,
                         learning_rate=args.learning_rate, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
                         seed=0))
+    watchdog = flat_reward_stop(args.flat_reward_patience)  # every group's rewards equal for N steps: no gradient, stop
+    trainer.add_callback(watchdog)
     trainer.train()
+    if watchdog.stopped:
+        print(watchdog.stopped)
     trainer.save_model(args.out)
     rewards = [h["rewards/world_reward/mean"] for h in trainer.state.log_history if "rewards/world_reward/mean" in h]
     print(f"{len(rows)} states from {args.env}; mean world reward per step: {', '.join(f'{r:+.3f}' for r in rewards)}; "
           f"adapter in {args.out}")
-    return {"states": len(rows), "rewards": rewards, "out": args.out}
+    flat = [h["frac_reward_zero_std"] for h in trainer.state.log_history if "frac_reward_zero_std" in h]
+    print(f"share of groups with equal rewards (no gradient) per step: {', '.join(f'{f:.2f}' for f in flat)}")
+    return {"states": len(rows), "rewards": rewards, "frac_reward_zero_std": flat, "stopped": watchdog.stopped, "out": args.out}
 
 
 if __name__ == "__main__":

@@ -181,3 +181,28 @@ def test_an_adapter_naming_the_bundled_base_trains_on_without_a_hub_lookup(tiny_
         warnings.simplefilter("always")
         train_adapter(tiny_dir, tmp_path / "a1", cfg, pairs=pairs, resume_from=tmp_path / "a0")
     assert not [w for w in seen if "bundled" in str(w.message) and ("remote" in str(w.message) or "config" in str(w.message))]
+
+
+def test_the_flat_reward_watchdog_stops_after_its_patience_and_says_why():
+    """TRL's frac_reward_zero_std at 1 (every group's rewards equal) for `patience` logged steps in a
+    row stops the run; a step with variance resets the count; 0 never stops."""
+    pytest.importorskip("transformers")
+    from transformers import TrainerControl, TrainerState
+
+    from socialworld.learn.train import flat_reward_stop
+
+    def run(patience, shares):
+        dog, state, stopped_at = flat_reward_stop(patience), TrainerState(), None
+        for step, share in enumerate(shares, 1):
+            state.global_step = step
+            control = TrainerControl()
+            dog.on_log(None, state, control, logs={"loss": 0.0} if share is None else {"frac_reward_zero_std": share})
+            if control.should_training_stop and stopped_at is None:
+                stopped_at = step
+        return stopped_at, dog.stopped
+
+    # a log line without the metric (step 5) neither counts nor resets
+    assert run(3, [1.0, 1.0, 0.5, 1.0, None, 1.0, 1.0, 1.0]) == (
+        7, "GRPO stopped at step 7: every group's rewards were equal for 3 steps in a row (no advantage, no gradient)")
+    assert run(3, [1.0, 0.75] * 4) == (None, None)
+    assert run(0, [1.0] * 10) == (None, None)

@@ -111,3 +111,9 @@ def test_the_grpo_example_trains_on_the_env(tiny_dir, tmp_path):
     out = example.main(["--model", str(tiny_dir), "--seeds", "2", "--depth", "2", "--steps", "2", "--generations", "2",
                         "--max-completion-length", "8", "--out", str(tmp_path / "grpo")])
     assert len(out["rewards"]) == 2 and (tmp_path / "grpo" / "adapter_config.json").exists()
+    assert len(out["frac_reward_zero_std"]) == 2 and out["stopped"] is None  # patience 5: two steps never stop
+    # a random tiny model writes no parseable reply: every group's rewards are the same penalty, no gradient
+    flat = example.main(["--model", str(tiny_dir), "--seeds", "2", "--depth", "2", "--steps", "4", "--generations", "2",
+                         "--max-completion-length", "8", "--flat-reward-patience", "1", "--out", str(tmp_path / "flat")])
+    assert flat["frac_reward_zero_std"] == [1.0] and len(flat["rewards"]) == 1
+    assert flat["stopped"].startswith("GRPO stopped at step 1: every group's rewards were equal for 1 steps")

@@ -114,6 +114,9 @@ class TrainConfig:
     max_length: int = field(default=768, metadata={"check": at_least(1), "help": "truncate prompt+completion to this many tokens"})
     num_generations: int = field(default=4, metadata={"check": at_least(1), "help": "GRPO: completions per prompt"})
     max_completion_length: int = field(default=48, metadata={"check": at_least(1), "help": "GRPO: tokens per sampled completion"})
+    flat_reward_patience: int = field(default=5, metadata={"check": at_least(0), "help": (
+        "GRPO: stop, saying so, once every group's rewards were equal (no advantage, no gradient) for this many "
+        "steps in a row; 0: never")})
     lora_upper: float = field(default=1.0, metadata={"check": within(0, 1, low_open=True), "help": (
         "share of the transformer layers, counted from the top, that get LoRA (1: all; 0.5: the upper half, "
         "where the backward pass then stops)")})
@@ -199,7 +202,7 @@ LOOP_ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "reference_episodes":
                                "judge_margin": 2.0},
                      "train": {"max_epochs": 0.0, "lora_upper": 1.0, "dtype": "float32", "balance": 0,
                                "value_temperature": 0.05, "value_margin": 0.05,
-                               "decision_weight": 0.2, "activated": False}}
+                               "decision_weight": 0.2, "activated": False, "flat_reward_patience": 0}}
 """Config fields added after runs were written, each with the value that behaves as the code did
 before it: a stored config without one resumes as if it had that value. (Not every default
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""

@@ -369,6 +369,8 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
         info = TrainRecord.model_validate_json(run.path(f"{rel}/{TRAIN_RECORD}").read_text())
         losses[name] = info.losses
         rows = info.rows
+        if info.stopped:
+            log(f"cycle {c}: {name}: {info.stopped}")
         if rows.get("trained_on", 0) < rows.get("given", 0):
             log(f"cycle {c}: {name}: {rows['given'] - rows['trained_on']} of {rows['given']} pairs dropped by TRL "
                 f"(prompt of max_length={cfg.train.max_length} tokens or more)")

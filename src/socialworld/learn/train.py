@@ -50,6 +50,8 @@ class TrainRecord(Document):
     """the trainer's logged losses, in order"""
     rows: dict[str, int]
     """``pairs`` (given before balancing), ``given`` (after it), ``trained_on`` (what TRL kept)"""
+    stopped: str | None = None
+    """why training stopped before its planned steps (:class:`FlatRewardStop`), if it did"""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,33 @@ class TrainResult:
     adapter: str
     train_seconds: float = 0.0
     """``trainer.train()`` alone"""
+    stopped: str | None = None
+    """why training stopped before its planned steps, if it did"""
+
+
+def flat_reward_stop(patience: int) -> Any:
+    """A ``TrainerCallback`` that stops a GRPO run once TRL's ``frac_reward_zero_std`` (the share of
+    groups whose completions all got the same reward) has been 1 for ``patience`` logged steps in a
+    row: every advantage, and so the policy gradient, is 0 there, and a run that goes on only
+    spends time (the failure that silently wastes social-RL runs). Its ``stopped`` says so."""
+    from transformers import TrainerCallback
+
+    class FlatRewardStop(TrainerCallback):
+        def __init__(self) -> None:
+            self.flat = 0
+            self.stopped: str | None = None
+
+        def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
+            share = (logs or {}).get("frac_reward_zero_std")
+            if share is None:
+                return
+            self.flat = self.flat + 1 if share >= 1.0 else 0
+            if patience and self.flat >= patience and self.stopped is None:
+                control.should_training_stop = True
+                self.stopped = (f"GRPO stopped at step {state.global_step}: every group's rewards were equal for {self.flat} "
+                                "steps in a row (no advantage, no gradient)")
+
+    return FlatRewardStop()
 
 
 def _rows(pairs: Sequence[Pair], method: str) -> list[dict[str, Any]]:
@@ -317,9 +346,13 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
                 advance(None)
 
         trainer.add_callback(_Steps())
+    watchdog = flat_reward_stop(cfg.flat_reward_patience) if cfg.method == "grpo" else None
+    if watchdog is not None:
+        trainer.add_callback(watchdog)
     t1 = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - t1
+    stopped = watchdog.stopped if watchdog is not None else None
     losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
     # the adapter alone (config + weights): no training_args.bin, whose pickled paths differ per run.
     # No embedding layers are trained; "auto" would look the base (named "bundled" once a resumed
@@ -327,9 +360,11 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
     trainer.model.save_pretrained(str(out), save_embedding_layers=False)
     canonical_adapter_config(out, base_path)
     t2 = time.perf_counter()
-    record = TrainRecord(config=cfg, dtype=compute_dtype(cfg), steps=trainer.state.global_step, losses=losses, rows=rows)
+    record = TrainRecord(config=cfg, dtype=compute_dtype(cfg), steps=trainer.state.global_step, losses=losses, rows=rows,
+                         stopped=stopped)
     (out / TRAIN_RECORD).write_text(record.to_json())
-    return TrainResult(cfg.method, trainer.state.global_step, losses, t2 - t0, str(out), train_seconds=train_seconds)
+    return TrainResult(cfg.method, trainer.state.global_step, losses, t2 - t0, str(out), train_seconds=train_seconds,
+                       stopped=stopped)
 
 
 def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path, peft_config: Any,
