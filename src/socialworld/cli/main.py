@@ -638,14 +638,21 @@ def serve_cmd(
     """Serve a policy model over an OpenAI-compatible API (/v1/models, /v1/chat/completions): requests
     that arrive together are batched. One process, one model: for throughput at scale serve the
     model with vLLM and evaluate it as --policy openai:<model>@<url> (docs/serving.md)."""
-    try:
+    with _server_errors(host, port):
         require("--port", port, PORT)
         require("--max-new-tokens", max_new_tokens, COUNT)
         require("--max-batch", max_batch, COUNT)
         from socialworld.agents.lm.server import serve
 
         serve(_policy_spec(model, adapters), host, port, max_new_tokens, dtype, max_batch)
-    except ValueError as err:
+
+
+@contextmanager
+def _server_errors(host: str, port: int):  # type: ignore[no-untyped-def]
+    """A server command's bad option, or a port it cannot bind, as one line (exit 2)."""
+    try:
+        yield
+    except ValueError as err:  # ScenarioError too
         fail(str(err))
     except OSError as err:
         if err.errno == errno.EADDRINUSE:
@@ -673,7 +680,7 @@ def env_serve_cmd(
     """Serve the social world as an OpenEnv environment (pip install -e '.[openenv]'): OpenEnv's own
     server, one world per WebSocket session; reset(seed, scenario) and step(reply) from OpenEnv's
     client (socialworld.rollout.openenv.SocialWorldClient) or any trainer that takes an OpenEnv URL."""
-    try:
+    with _server_errors(host, port):
         require("--port", port, PORT)
         require("--max-sessions", max_sessions, COUNT)
         require("--max-turns", max_turns, SEED)
@@ -689,13 +696,6 @@ def env_serve_cmd(
         console.print(f"serving the social world ({len(specs)} scenarios) as an OpenEnv environment on "
                       f"http://{host}:{sock.getsockname()[1]} (WebSocket /ws)")
         server_for(app_, sock).run(sockets=[sock])
-    except (ScenarioError, ValueError) as err:
-        fail(str(err))
-    except OSError as err:
-        if err.errno == errno.EADDRINUSE:
-            fail(f"{host}:{port} is in use by another program: choose another --port")
-        else:
-            fail(str(err))
 
 
 if __name__ == "__main__":

@@ -212,9 +212,10 @@ class PromptKV:
         import torch.nn.functional as F
         from transformers import DynamicCache
 
-        missing = list(dict.fromkeys(p for p in prompts if p not in self._kv))
-        self.hits += len(prompts) - sum(1 for p in prompts if p in missing)
-        self.misses += sum(1 for p in prompts if p in missing)
+        new = [p not in self._kv for p in prompts]
+        self.misses += sum(new)
+        self.hits += len(prompts) - sum(new)
+        missing = list(dict.fromkeys(p for p, n in zip(prompts, new) if n))
         fresh: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
         if missing:
             dev = next(model.parameters()).device
@@ -272,14 +273,10 @@ def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[
     B, P = len(rows), max(starts)
     T = max(len(r.ids) - s for r, s in zip(rows, starts))
     dev = next(model.parameters()).device
-    prompt = torch.full((B, P), pad, dtype=torch.long)
-    prompt_mask = torch.zeros((B, P), dtype=torch.long)
     ids = torch.full((B, T), pad, dtype=torch.long)
     pos = torch.zeros((B, T), dtype=torch.long)
     mask = torch.zeros((B, 1, T, P + T), dtype=torch.bool)
     for b, (r, s) in enumerate(zip(rows, starts)):
-        prompt[b, :s] = torch.tensor(r.ids[:s], dtype=torch.long)
-        prompt_mask[b, :s] = 1
         n = len(r.ids) - s
         ids[b, :n] = torch.tensor(r.ids[s:])
         pos[b, :n] = torch.tensor(r.positions[s:])
@@ -292,6 +289,11 @@ def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[
     if P and prompt_kv is not None and all(starts):
         cache = prompt_kv.batch(model, [tuple(r.ids[:s]) for r, s in zip(rows, starts)], pad)
     elif P:
+        prompt = torch.full((B, P), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((B, P), dtype=torch.long)
+        for b, (r, s) in enumerate(zip(rows, starts)):
+            prompt[b, :s] = torch.tensor(r.ids[:s], dtype=torch.long)
+            prompt_mask[b, :s] = 1
         with torch.no_grad(), model.disable_adapter():
             cache = model(input_ids=prompt.to(dev), attention_mask=prompt_mask.to(dev), use_cache=True,
                           position_ids=torch.arange(P, device=dev).expand(B, -1), logits_to_keep=1).past_key_values

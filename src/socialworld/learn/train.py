@@ -51,7 +51,7 @@ class TrainRecord(Document):
     rows: dict[str, int]
     """``pairs`` (given before balancing), ``given`` (after it), ``trained_on`` (what TRL kept)"""
     stopped: str | None = None
-    """why training stopped before its planned steps (:class:`FlatRewardStop`), if it did"""
+    """why training stopped before its planned steps (:func:`flat_reward_stop`), if it did"""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from openenv.core.client_types import StepResult
 from pydantic import Field
 
 from socialworld.rollout.textenv import ChatMode, TextEpisode, TextMode
-from socialworld.world.spec import ScenarioSpec, capped, load_builtin_scenarios
+from socialworld.world.spec import ScenarioSpec, capped, load_builtin_scenarios, named
 
 ENV_NAME = "socialworld"
 
@@ -106,10 +106,10 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
         return self._state
 
     def _scenario(self, name: str) -> ScenarioSpec:
-        found = [s for sid, s in self.scenarios.items() if name in (sid, sid.rsplit("-v", 1)[0])]
+        found = named(self.scenarios, name)
         if not found:
             raise ValueError(f"unknown scenario {name!r}; this server has {', '.join(self.scenarios)}")
-        return found[0]
+        return found[-1]  # as resolve_scenarios: the last of several versions
 
     def _observe(self, reward: float | None, done: bool, happened: dict[str, Any]) -> SocialObservation:
         assert self.episode is not None

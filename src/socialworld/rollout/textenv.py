@@ -52,7 +52,8 @@ class TextEpisode:
         self.recorded = world is None
         """False for an episode restored mid-way: its record would lack the steps before the snapshot"""
         self._phi0 = self.world.progress()
-        self._chat = build_messages(observe(self.world.spec, self.world.pub))
+        self._chat = build_messages(observe(self.world.spec, self.world.pub)) if chat == "episode" else []
+        """the episode as one conversation (``chat="episode"`` only)"""
         self._expert: Any = None
 
     @classmethod
@@ -89,8 +90,9 @@ class TextEpisode:
             "penalty": rec.signals.penalty.value, "penalty_reasons": list(rec.signals.penalty_reasons), "q": rec.signals.q.value,
             "align": None if belief is None else rec.signals.align.value,
             "replies": [{"speaker": r.speaker, "text": r.text} for r in rec.dialogue.replies], "subgoals": w.subgoals()}
-        self._chat += [{"role": "assistant", "content": text},
-                       {"role": "user", "content": build_messages(observe(w.spec, w.pub))[-1]["content"]}]
+        if self.chat == "episode":
+            self._chat += [{"role": "assistant", "content": text},
+                           {"role": "user", "content": build_messages(observe(w.spec, w.pub))[-1]["content"]}]
         if w.done:
             info["outcome"] = outcome(self.record()) if self.recorded else None
         reward = rec.signals.reward.value

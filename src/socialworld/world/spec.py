@@ -547,6 +547,11 @@ def _check_tiers(tiers: Sequence[str]) -> None:
         raise ScenarioError(f"unknown tier(s) {sorted(bad)}; tiers are {', '.join(TIERS)}")
 
 
+def named(known: dict[str, ScenarioSpec], name: str) -> list[ScenarioSpec]:
+    """The scenarios of ``known`` (by id) that ``name`` names: their id, with or without the ``-vN`` suffix."""
+    return [s for sid, s in known.items() if sid == name or sid.rsplit("-v", 1)[0] == name]
+
+
 def resolve_scenarios(names: list[str] | None = None, tiers: list[str] | None = None, max_turns: int = 0,
                       run_dir: str | Path | None = None) -> list[ScenarioSpec]:
     """Pick scenarios by id (with or without the ``-vN`` suffix), YAML path, or tier. ``max_turns``
@@ -563,7 +568,7 @@ def resolve_scenarios(names: list[str] | None = None, tiers: list[str] | None = 
             if _is_path(name):
                 chosen.append(load_spec(name))
                 continue
-            matches = [s for sid, s in known.items() if sid == name or sid.rsplit("-v", 1)[0] == name]
+            matches = named(known, name)
             if not matches and ("/" in name or Path(name).exists()):  # a path after all (a folder, a .txt)
                 chosen.append(load_spec(name))
                 continue
