@@ -129,7 +129,19 @@ def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir):
                 want = got[0] if r is two else got[1]
                 assert [float(x) for x in _block_logps(logits, b, r)] == pytest.approx(want, abs=1e-4)
     assert (kept.misses, kept.hits, len(kept._kv)) == (2, 3, 2) and kept.bytes > 0
-    tight = PromptKV(max_bytes=kept.bytes // 2)  # room for one prompt's KV: the other is read each time
+    # their system message (the same in both) read once and kept apart; a prompt with another has its own
+    assert two.shared == one.shared > 0 and list(kept._prefix) == [tuple(two.ids[: two.shared])]
+    apart = pair({"wait()": 0.0}, chosen="wait()")
+    apart = build_row(apart.model_copy(update={"prompt": [{"role": "system", "content": "Plan dinner for the whole team."}] + apart.prompt[1:]}),
+                      tok, 0.05, 0.05, 4096)
+    assert apart.shared != two.shared
+    with torch.no_grad():
+        want = _block_logps(_forward(model, [apart], pad), 0, apart)
+        logits = _forward(model, [two, apart], pad, kept)
+        assert [float(x) for x in _block_logps(logits, 1, apart)] == pytest.approx([float(x) for x in want], abs=1e-4)
+        assert [float(x) for x in _block_logps(logits, 0, two)] == pytest.approx(got[0], abs=1e-4)
+    assert len(kept._prefix) == 2
+    tight = PromptKV(max_bytes=kept.bytes // 2)  # room for the prefix and one prompt's KV: the other is read each time
     with torch.no_grad():
         _forward(model, [two, one], pad, tight)
         _forward(model, [two, one], pad, tight)

@@ -78,6 +78,9 @@ class Row:
     keys: list[str]
     """the action key of each candidate (block), chosen's first"""
     kind: str | None
+    shared: int = 0
+    """how many of the prompt's first tokens are its system message (the same in every row of a
+    scenario, so :class:`PromptKV` reads them once); 0 where the prompt has none"""
 
 
 def targets(pair: Pair, temperature: float, margin: float) -> dict[str, float]:
@@ -110,6 +113,9 @@ def build_row(pair: Pair, tok: Any, temperature: float, margin: float, max_lengt
     prompt = tok.apply_chat_template(pair.prompt, tokenize=False, add_generation_prompt=True)
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     prompt_ids, head_ids = enc(prompt), enc(head)
+    # the system message counts as shared only where it tokenizes as the prompt's start (as the decoder's prefixes)
+    system = enc(tok.apply_chat_template(pair.prompt[:1], tokenize=False)) if pair.prompt[0]["role"] == "system" else []
+    shared = len(system) if 0 < len(system) < len(prompt_ids) and prompt_ids[: len(system)] == system else 0
     prefix = prompt_ids + head_ids
     if len(prefix) >= max_length:
         return None
@@ -139,7 +145,7 @@ def build_row(pair: Pair, tok: Any, temperature: float, margin: float, max_lengt
         blocks.append((start, len(ids)))
         plist.append(p)
         keys.append(key)
-    return Row(ids, positions, blocks, nll, nll_targets, choices, plist, keys, action_kind(turn))
+    return Row(ids, positions, blocks, nll, nll_targets, choices, plist, keys, action_kind(turn), shared)
 
 
 def _row_mask(r: Row) -> Any:
@@ -178,8 +184,22 @@ def _batch(rows: Sequence[Row], pad: int) -> tuple[Any, Any, Any]:
     return ids, pos, mask
 
 
-Logits = Callable[[int, Sequence[int]], Any]
-"""``logits(b, positions)``: the float logits at row ``b``'s given positions (row indices)"""
+Logits = Callable[[Sequence[tuple[int, Sequence[int]]]], list[Any]]
+"""``logits([(b, positions), ...])``: the float logits at row ``b``'s given positions (row indices),
+one tensor per request, every request gathered by one indexing of the batch's logits (one backward
+node: a node per request allocated a gradient the size of the whole batch's logits each, a fifth of
+an activated step here)"""
+
+
+def _gather(flat: Any, width: int, requests: Sequence[tuple[int, Sequence[int]]], head: Any = None) -> list[Any]:
+    """``requests``' rows of ``flat`` (the batch's logits or hidden states, rows ``b * width + i``),
+    through ``head`` when given, as float tensors."""
+    import torch
+
+    idx = [b * width + i for b, at in requests for i in at]
+    sel = flat[torch.tensor(idx, dtype=torch.long, device=flat.device)]
+    sel = (head(sel) if head is not None else sel).float()
+    return list(torch.split(sel, [len(at) for _, at in requests]))
 
 
 def invocation(model: Any) -> list[int] | None:
@@ -195,52 +215,86 @@ a prompt token in float32: some 200 prompts of 400 tokens); rows beyond it are r
 class PromptKV:
     """The base model's KV cache of each row's prompt (its ids before the adapter's invocation), kept
     for one training run: the base weights are frozen, so a row's prompt KV is the same at every
-    pass. Rows are added until ``max_bytes``; later ones are computed each time (no eviction: rows
-    come back once a shuffled pass, so a least-recently-used store of fewer rows than a pass would
-    never hit)."""
+    pass. A prompt's shared prefix (its system message, :attr:`Row.shared`: about 170 of the bundled
+    model's 410 prompt tokens, the same in every row of a scenario) is read once and kept apart; each
+    row keeps the rest. Rows are added until ``max_bytes``; later ones are computed each time (no
+    eviction: rows come back once a shuffled pass, so a least-recently-used store of fewer rows than
+    a pass would never hit)."""
 
     def __init__(self, max_bytes: int = PROMPT_KV_BYTES) -> None:
         self.max_bytes = max_bytes
         self.bytes = self.hits = self.misses = 0
+        self._prefix: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
         self._kv: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
+        """a prompt's KV after its shared prefix"""
 
-    def batch(self, model: Any, prompts: Sequence[tuple[int, ...]], pad: int) -> Any:
+    @staticmethod
+    def _size(kv: list[tuple[Any, Any]]) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+    def _read(self, model: Any, prefix: tuple[int, ...], prompts: Sequence[tuple[int, ...]], pad: int) -> list[list[tuple[Any, Any]]]:
+        """The KV of each of ``prompts`` after ``prefix`` (their common start, whose KV is kept),
+        in one forward pass under the base model without gradient."""
+        import torch
+        from transformers import DynamicCache
+
+        dev = next(model.parameters()).device
+        n, B = len(prefix), len(prompts)
+        cache = None
+        if n:
+            if prefix not in self._prefix:
+                with torch.no_grad(), model.disable_adapter():
+                    out = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True, logits_to_keep=1)
+                self._prefix[prefix] = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+                self.bytes += self._size(self._prefix[prefix])  # a few prefixes (one per scenario): always kept
+            cache = DynamicCache(ddp_cache_data=[(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in self._prefix[prefix]])
+        width = max(len(p) - n for p in prompts)
+        ids = torch.full((B, width), pad, dtype=torch.long)
+        mask = torch.zeros((B, n + width), dtype=torch.long)
+        mask[:, :n] = 1
+        for b, p in enumerate(prompts):
+            ids[b, : len(p) - n] = torch.tensor(p[n:], dtype=torch.long)
+            mask[b, : len(p)] = 1
+        with torch.no_grad(), model.disable_adapter():
+            out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), past_key_values=cache, use_cache=True,
+                        position_ids=torch.arange(n, n + width, device=dev).expand(B, -1), logits_to_keep=1)
+        return [[(layer.keys[b : b + 1, :, n : len(p)].clone(), layer.values[b : b + 1, :, n : len(p)].clone())
+                 for layer in out.past_key_values.layers] for b, p in enumerate(prompts)]
+
+    def batch(self, model: Any, prompts: Sequence[tuple[int, ...]], pad: int, shared: Sequence[int] | None = None) -> Any:
         """A ``DynamicCache`` of ``prompts`` (a batch, each right-padded to the longest with zero
         keys and values the attention mask leaves out), computed under the base model without
-        gradient where not kept."""
+        gradient where not kept; ``shared[b]``: how many of prompt b's first tokens are its shared
+        prefix (0: none)."""
         import torch
         import torch.nn.functional as F
         from transformers import DynamicCache
 
+        shared = list(shared) if shared is not None else [0] * len(prompts)
         new = [p not in self._kv for p in prompts]
         self.misses += sum(new)
         self.hits += len(prompts) - sum(new)
-        missing = list(dict.fromkeys(p for p, n in zip(prompts, new) if n))
+        cut = dict(zip(prompts, shared))
+        groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for p in dict.fromkeys(p for p, m in zip(prompts, new) if m):
+            groups.setdefault(p[: cut[p]], []).append(p)
         fresh: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
-        if missing:
-            dev = next(model.parameters()).device
-            width = max(len(p) for p in missing)
-            ids = torch.full((len(missing), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(missing), width), dtype=torch.long)
-            for b, p in enumerate(missing):
-                ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
-                mask[b, : len(p)] = 1
-            with torch.no_grad(), model.disable_adapter():
-                out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), use_cache=True,
-                            position_ids=torch.arange(width, device=dev).expand(len(missing), -1), logits_to_keep=1)
-            for b, p in enumerate(missing):
-                kv = [(layer.keys[b : b + 1, :, : len(p)].clone(), layer.values[b : b + 1, :, : len(p)].clone())
-                      for layer in out.past_key_values.layers]
+        for prefix, group in groups.items():
+            for p, kv in zip(group, self._read(model, prefix, group, pad)):
                 fresh[p] = kv
-                size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+                size = self._size(kv)
                 if self.bytes + size <= self.max_bytes:
                     self._kv[p] = kv
                     self.bytes += size
         width = max(len(p) for p in prompts)
-        rows = [self._kv.get(p) or fresh[p] for p in prompts]
         pad_to = lambda t: F.pad(t, (0, 0, 0, width - t.shape[2]))  # noqa: E731 - zeros after the prompt
-        layers = [(torch.cat([pad_to(r[i][0]) for r in rows]), torch.cat([pad_to(r[i][1]) for r in rows]))
-                  for i in range(len(rows[0]))]
+        rows = []
+        for p in prompts:
+            rest = self._kv.get(p) or fresh[p]
+            head = self._prefix.get(p[: cut[p]]) if cut[p] else None
+            rows.append([(pad_to(torch.cat([head[i][0], k], 2)), pad_to(torch.cat([head[i][1], v], 2))) if head is not None
+                         else (pad_to(k), pad_to(v)) for i, (k, v) in enumerate(rest)])
+        layers = [(torch.cat([r[i][0] for r in rows]), torch.cat([r[i][1] for r in rows])) for i in range(len(rows[0]))]
         return DynamicCache(ddp_cache_data=layers)
 
 
@@ -255,8 +309,9 @@ def _forward(model: Any, rows: Sequence[Row], pad: int, prompt_kv: PromptKV | No
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     hidden = base.model(input_ids=ids.to(base.device), attention_mask=None if mask is None else mask.to(base.device),
                         position_ids=pos.to(base.device), use_cache=False).last_hidden_state
-    head = base.get_output_embeddings()
-    return lambda b, at: head(hidden[b][list(at)]).float()
+    B, L = hidden.shape[:2]
+    flat = hidden.reshape(B * L, -1)
+    return lambda requests: _gather(flat, L, requests, base.get_output_embeddings())
 
 
 def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[int],
@@ -287,7 +342,7 @@ def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[
             mask[b, 0, i, P + i] = True
     cache = None
     if P and prompt_kv is not None and all(starts):
-        cache = prompt_kv.batch(model, [tuple(r.ids[:s]) for r, s in zip(rows, starts)], pad)
+        cache = prompt_kv.batch(model, [tuple(r.ids[:s]) for r, s in zip(rows, starts)], pad, [min(r.shared, s) for r, s in zip(rows, starts)])
     elif P:
         prompt = torch.full((B, P), pad, dtype=torch.long)
         prompt_mask = torch.zeros((B, P), dtype=torch.long)
@@ -299,21 +354,25 @@ def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[
                           position_ids=torch.arange(P, device=dev).expand(B, -1), logits_to_keep=1).past_key_values
     logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
                    use_cache=cache is not None, alora_offsets=[T] * B).logits
-    return lambda b, at: logits[b, [i - starts[b] for i in at]].float()
+    flat = logits.reshape(B * T, -1)
+    return lambda requests: _gather(flat, T, [(b, [i - starts[b] for i in at]) for b, at in requests])
+
+
+def _choice_logps(at: Any, r: Row) -> list[Any]:
+    """log P(candidate | state) of each block of row ``r``, from ``at`` (the logits at its branch
+    points, in ``r.choices``' order): the sum over the candidate's branch points of the log-softmax
+    over the legal children there."""
+    import torch
+
+    logp: list[Any] = [torch.zeros((), dtype=torch.float32, device=at.device) for _ in r.probs]
+    for k, (ci, _, allowed, t) in enumerate(r.choices):
+        logp[ci] = logp[ci] + torch.log_softmax(at[k, allowed], -1)[allowed.index(t)]
+    return logp
 
 
 def _block_logps(logits: Logits, b: int, r: Row) -> list[Any]:
-    """log P(candidate | state) of each block of row ``r`` (row ``b`` of ``logits``): the sum over
-    the candidate's branch points of the log-softmax over the legal children there."""
-    import torch
-
-    logp: list[Any] = [torch.zeros((), dtype=torch.float32) for _ in r.probs]
-    if r.choices:
-        at = logits(b, [c[1] for c in r.choices])
-        logp = [x.to(at.device) for x in logp]
-        for k, (ci, _, allowed, t) in enumerate(r.choices):
-            logp[ci] = logp[ci] + torch.log_softmax(at[k, allowed], -1)[allowed.index(t)]
-    return logp
+    """:func:`_choice_logps` of row ``r``, row ``b`` of ``logits``."""
+    return _choice_logps(logits([(b, [c[1] for c in r.choices])])[0], r)
 
 
 def candidate_logprobs(model: Any, tok: Any, pair: Pair, cfg: TrainConfig) -> dict[str, float]:
@@ -335,14 +394,16 @@ def row_loss(model: Any, rows: Sequence[Row], pad: int, decision_weight: float, 
     import torch.nn.functional as F
 
     logits = _forward(model, rows, pad, prompt_kv)
+    # one gather: every row's likelihood positions (a row without any: its first, times 0), then its branch points
+    got = logits([(b, r.nll or [0]) for b, r in enumerate(rows)] + [(b, [c[1] for c in r.choices]) for b, r in enumerate(rows)])
     losses = []
     for b, r in enumerate(rows):
+        at = got[b]
         if r.nll:
-            at = logits(b, r.nll)
             nll = F.cross_entropy(at, torch.tensor(r.nll_targets, device=at.device), reduction="mean")
         else:
-            nll = logits(b, [0]).sum() * 0
-        listwise = -sum(p * lp for p, lp in zip(r.probs, _block_logps(logits, b, r)))
+            nll = at.sum() * 0
+        listwise = -sum(p * lp for p, lp in zip(r.probs, _choice_logps(got[len(rows) + b], r)))
         losses.append(nll + decision_weight * listwise)
     return torch.stack(losses).mean()
 
