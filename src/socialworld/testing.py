@@ -242,6 +242,54 @@ def stub_endpoint(reply):
         server.server_close()
 
 
+def reading_reply(messages: list[dict]) -> str:
+    """A deterministic reply in the policy's format from a conversation's system message (the
+    decisions' options) and its last user message (the turn, who is here, which decisions are
+    open) alone: at turn k, for the first open decision, ``inquire`` the (k mod n)-th person present
+    on odd turns, ``propose`` its first option to all on even ones, ``finalize`` it every fourth;
+    ``end()`` once none is open. Not a good policy: one whose replies depend on the state alone, so
+    a growing conversation and a fresh prompt per state give the same episode."""
+    import re
+
+    system, last = messages[0]["content"], messages[-1]["content"]
+    options = dict(re.findall(r"^(\w+): options (\w+)", system, re.M))
+    turn = int(m.group(1)) if (m := re.search(r"Turn (\d+)/", last)) else 1
+    line = re.search(r"^Here: (.*)$", last, re.M)
+    here = re.findall(r"(\w+) \(", line.group(1)) if line else []
+    open_ = [d for d in re.findall(r"^(\w+): open", last, re.M) if d in options]
+    if not open_:
+        return "ACTION: end()"
+    d = open_[0]
+    if turn % 4 == 0:
+        return f"ACTION: finalize({d}, {options[d]})"
+    if turn % 2 == 0 or not here:
+        return f"ACTION: propose({d}, {options[d]}, all)\nSAY: How about {options[d]}?"
+    return f"ACTION: inquire({here[turn % len(here)]}, {d})\nSAY: What would you like?"
+
+
+def chat_stub(reply_text):
+    """A ``stub_endpoint`` reply function for ``/chat/completions``: the text ``reply_text(messages)``
+    as one choice, streamed as server-sent events when the request asks (one content chunk, a
+    finish chunk, a usage chunk, ``[DONE]``)."""
+    import json
+
+    def reply(request, headers):
+        text = reply_text(request["messages"])
+        base = {"id": "stub", "created": 0, "model": request.get("model", "stub")}
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        if not request.get("stream"):
+            return 200, {}, {**base, "object": "chat.completion", "usage": usage,
+                             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+        chunks = [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None},
+                  {"index": 0, "delta": {}, "finish_reason": "stop"}]
+        events = [{**base, "object": "chat.completion.chunk", "choices": [c]} for c in chunks]
+        events.append({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+        body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        return 200, {"Content-Type": "text/event-stream"}, body.encode()
+
+    return reply
+
+
 def write_user_scenario(path, base="team_lunch", id="my_lunch-v1", name="My team lunch"):
     """A user's scenario file outside the package: a copy of a shipped one with its own id and name."""
     import yaml

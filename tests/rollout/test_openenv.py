@@ -145,3 +145,42 @@ def test_env_serve_starts_the_server_from_the_command_line(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _example(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_the_grpo_example_trains_by_interaction_through_the_server(tiny_dir, tmp_path):
+    """examples/grpo_openenv.py: TRL's GRPO whose rollouts are whole episodes played over OpenEnv's
+    client; every sampled reply is a legal action, so a group's returns differ and GRPO has a gradient."""
+    pytest.importorskip("trl")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    example = _example("grpo_openenv")
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    with example.env_server(max_turns=3) as url, _client(url) as env:
+        ep = example.play(env, model, tok, "team_lunch", 5, torch.Generator().manual_seed(0))
+        # the episode again through the runner's world: the sampled replies are legal, the return the world's
+        text = tok.decode(ep["completion_ids"], skip_special_tokens=True)
+        assert len(ep["replies"]) == 3 and [line for line in text.splitlines() if line.startswith("ACTION:")] == ep["replies"]
+        _, again = _replay(env, {"seed": 5, "scenario": "team_lunch"}, ep["replies"])
+        assert sum(r.reward for r in again) == pytest.approx(ep["episode_return"]) and again[-1].done
+        assert all(r.observation.metadata["parse_status"] == "ok" for r in again)
+    n = len(ep["completion_ids"])
+    assert len(ep["env_mask"]) == len(ep["logprobs"]) == n and 0 < sum(ep["env_mask"]) < n
+    assert all(lp == 0.0 for lp, m in zip(ep["logprobs"], ep["env_mask"]) if m == 0)
+    out = example.main(["--model", str(tiny_dir), "--seeds", "2", "--steps", "2", "--generations", "2", "--max-turns", "2",
+                        "--out", str(tmp_path / "grpo")])
+    assert len(out["rewards"]) == 2 and (tmp_path / "grpo" / "adapter_config.json").exists()
+    assert min(out["frac_reward_zero_std"]) < 1.0 and out["stopped"] is None

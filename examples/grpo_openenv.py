@@ -1,0 +1,212 @@
+"""Train a language model by interaction through socialworld's OpenEnv server with TRL's GRPO: whole
+episodes played over OpenEnv's WebSocket client, the reward the world's. Only the public OpenEnv API
+of ``socialworld.rollout.openenv`` is used (``SocialWorldClient``, ``SocialAction``).
+
+Each GRPO group is ``--generations`` episodes of one (scenario, seed), played through a
+``socialworld env serve`` server (started here on a free port unless ``--url`` names one). TRL's
+``rollout_func`` plays them: at every turn the model's reply is ``ACTION: <action>``, the action
+sampled from the model's own distribution restricted to the legal actions the observation lists
+(their token trie), so every reply parses and a group's episodes differ. Unconstrained, the
+bundled model wrote no ACTION line in 48 tokens: every reward was the parse penalty, every group's
+rewards were equal, and GRPO had no gradient. The completion is the whole episode: each reply's
+tokens (trained) and each next observation's (``env_mask`` 0: context, not trained). The reward is
+the episode's return, the sum of the world's step rewards.
+
+Why ``rollout_func``, not TRL's ``environment_factory``: that drives an environment through tool
+calls, and the bundled model's chat template has none.
+
+    python examples/grpo_openenv.py                          # the bundled SmolLM2, team lunch, 3 turns, 10 steps
+    python examples/grpo_openenv.py --url http://127.0.0.1:8001 --scenario book_club --max-turns 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+
+@contextmanager
+def env_server(max_turns: int) -> Iterator[str]:
+    """``socialworld env serve`` in a background thread on a free port (every episode capped at
+    ``max_turns``); yields its base URL."""
+    from socialworld.agents.lm.server import bind, server_for
+    from socialworld.rollout.openenv import make_app
+
+    sock = bind("127.0.0.1", 0)
+    server = server_for(make_app(max_turns=max_turns), sock)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the OpenEnv server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], gen: Any) -> tuple[list[int], list[float]]:
+    """Tokens of ``" <action>"`` for one legal action sampled from ``model`` after ``context``: at each
+    token, the softmax over the children the legal actions' token trie allows there (a forced token
+    where there is one); and each token's log-probability under that distribution."""
+    import torch
+
+    keys = [tok(" " + k, add_special_tokens=False)["input_ids"] for k in legal]
+    out: list[int] = []
+    logps: list[float] = []
+    with torch.no_grad():
+        res = model(input_ids=torch.tensor([context]), use_cache=True)
+        while out not in keys:
+            allowed = sorted({k[len(out)] for k in keys if len(k) > len(out) and k[: len(out)] == out})
+            if len(allowed) == 1:
+                t, lp = allowed[0], 0.0
+            else:
+                scores = torch.log_softmax(res.logits[0, -1, allowed].float(), -1)
+                i = int(torch.multinomial(scores.exp(), 1, generator=gen))
+                t, lp = allowed[i], float(scores[i])
+            out.append(t)
+            logps.append(lp)
+            res = model(input_ids=torch.tensor([[t]]), past_key_values=res.past_key_values, use_cache=True)
+    return out, logps
+
+
+def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any) -> dict[str, Any]:
+    """One episode through ``client``: the prompt's tokens, the completion's (each reply as sampled,
+    closed as the chat template closes a turn, then the next observation as the template opens a
+    user turn and the assistant's reply), which of them the model wrote (``env_mask``), their
+    sampling log-probabilities (0 for the others), the episode's return and its replies."""
+    from socialworld.rollout.openenv import SocialAction
+
+    def render(messages: list[dict[str, str]], prompt: bool) -> list[int]:
+        return tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt), add_special_tokens=False)["input_ids"]
+
+    def after(longer: list[int], shorter: list[int]) -> list[int]:
+        if longer[: len(shorter)] != shorter:
+            raise ValueError("the chat template renders a conversation's turns as other tokens than its start: use another model")
+        return longer[len(shorter):]
+
+    r = client.reset(seed=seed, scenario=scenario)
+    chat = list(r.observation.messages)
+    prompt_ids = render(chat, True)
+    head = tok("ACTION:", add_special_tokens=False)["input_ids"]
+    probe = tok("x", add_special_tokens=False)["input_ids"]
+    close = after(after(render(chat + [{"role": "assistant", "content": "x"}], False), prompt_ids), probe)  # e.g. <|im_end|>\n
+    ids: list[int] = []
+    replies: list[str] = []
+    mask: list[int] = []
+    logps: list[float] = []
+    total = 0.0
+    while not r.done:
+        action, lps = sample_action(model, tok, prompt_ids + ids + head, r.observation.legal_actions, gen)
+        reply = "ACTION:" + tok.decode(action)
+        r = client.step(SocialAction(reply=reply))
+        replies.append(reply)
+        total += float(r.reward or 0.0)
+        turn = head + action + close
+        ids += turn
+        mask += [1] * len(turn)
+        logps += [0.0] * len(head) + lps + [0.0] * len(close)
+        chat.append({"role": "assistant", "content": reply})
+        if not r.done:
+            so_far = render(chat, False)
+            chat.append({"role": "user", "content": r.observation.text})
+            obs = after(render(chat, True), so_far)
+            ids += obs
+            mask += [0] * len(obs)
+            logps += [0.0] * len(obs)
+    return {"prompt_ids": prompt_ids, "completion_ids": ids, "env_mask": mask, "logprobs": logps, "episode_return": total,
+            "replies": replies}
+
+
+def episode_return(prompts: list, completions: list, episode_return: list[float], **_: Any) -> list[float]:
+    """GRPO reward function: each completion's episode return (from ``rollout_func``)."""
+    return [float(x) for x in episode_return]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="bundled", help="bundled, or a local model folder")
+    ap.add_argument("--url", default=None, help="a running `socialworld env serve` (default: start one here)")
+    ap.add_argument("--scenario", default="team_lunch", help="scenario id or short name")
+    ap.add_argument("--max-turns", type=int, default=3, help="turn budget of each episode (the server started here caps it)")
+    ap.add_argument("--seeds", type=int, default=8, help="episodes (seeds) GRPO's groups start from")
+    ap.add_argument("--steps", type=int, default=10, help="GRPO optimizer steps")
+    ap.add_argument("--generations", type=int, default=4, help="episodes per seed (GRPO's group)")
+    ap.add_argument("--learning-rate", type=float, default=1e-4)
+    ap.add_argument("--out", default="runs/grpo-openenv", help="folder for the LoRA adapter")
+    ap.add_argument("--flat-reward-patience", type=int, default=5,
+                    help="stop once every group's rewards were equal for this many steps in a row (0: never)")
+    args = ap.parse_args(argv)
+
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from socialworld.learn.train import flat_reward_stop
+    from socialworld.rollout.openenv import SocialWorldClient
+
+    if args.model == "bundled":
+        from socialworld.agents.models import bundled_path
+
+        args.model = str(bundled_path())
+    tok = AutoTokenizer.from_pretrained(args.model)
+    with (env_server(args.max_turns) if args.url is None else _given(args.url)) as url, \
+            SocialWorldClient(base_url=url).sync() as client:
+        seeds = [1000 + s for s in range(args.seeds)]
+        rows, where = [], {}
+        for s in seeds:
+            first = client.reset(seed=s, scenario=args.scenario).observation.messages
+            rows.append({"prompt": first})
+            where[json.dumps(first)] = s
+        gen = torch.Generator().manual_seed(0)
+
+        def rollout(prompts: list, trainer: Any) -> dict[str, list]:
+            model = trainer.model
+            was = model.training
+            model.eval()
+            out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "env_mask": [], "logprobs": [], "episode_return": []}
+            for p in prompts:  # TRL's sampler repeats each prompt num_generations times: one episode each
+                ep = play(client, model, tok, args.scenario, where[json.dumps(p)], gen)
+                for k in out:
+                    out[k].append(ep[k])
+            model.train(was)
+            return out
+
+        trainer = GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(args.model), processing_class=tok, reward_funcs=[episode_return],
+            train_dataset=Dataset.from_list(rows), rollout_func=rollout,
+            peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
+            args=GRPOConfig(output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=args.generations,
+                            num_generations=args.generations, learning_rate=args.learning_rate, logging_steps=1,
+                            save_strategy="no", report_to=[], use_cpu=True, seed=0))
+        watchdog = flat_reward_stop(args.flat_reward_patience)
+        trainer.add_callback(watchdog)
+        trainer.train()
+    if watchdog.stopped:
+        print(watchdog.stopped)
+    trainer.save_model(args.out)
+    history = trainer.state.log_history
+    rewards = [h["rewards/episode_return/mean"] for h in history if "rewards/episode_return/mean" in h]
+    flat = [h["frac_reward_zero_std"] for h in history if "frac_reward_zero_std" in h]
+    print(f"{args.scenario}, {args.max_turns} turns, {args.generations} episodes a group; mean episode return per step: "
+          f"{', '.join(f'{r:+.3f}' for r in rewards)}; adapter in {args.out}")
+    print(f"share of groups with equal rewards (no gradient) per step: {', '.join(f'{f:.2f}' for f in flat)}")
+    return {"rewards": rewards, "frac_reward_zero_std": flat, "stopped": watchdog.stopped, "out": args.out}
+
+
+@contextmanager
+def _given(url: str) -> Iterator[str]:
+    yield url
+
+
+if __name__ == "__main__":
+    main()
