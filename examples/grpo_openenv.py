@@ -2,15 +2,15 @@
 episodes played over OpenEnv's WebSocket client, the reward the world's. Only the public OpenEnv API
 of ``socialworld.rollout.openenv`` is used (``SocialWorldClient``, ``SocialAction``).
 
-Each GRPO group is ``--generations`` episodes of one (scenario, seed), played through a
+Each GRPO group is ``--generations`` episodes of one (scenario, seed; the seeds in turn), played through a
 ``socialworld env serve`` server (started here on a free port unless ``--url`` names one). TRL's
 ``rollout_func`` plays them: at every turn the model's reply is ``ACTION: <action>``, the action
 sampled from the model's own distribution restricted to the legal actions the observation lists
 (their token trie), so every reply parses and a group's episodes differ. Unconstrained, the
 bundled model wrote no ACTION line in 48 tokens: every reward was the parse penalty, every group's
-rewards were equal, and GRPO had no gradient. The completion is the whole episode: each reply's
-tokens (trained) and each next observation's (``env_mask`` 0: context, not trained). The reward is
-the episode's return, the sum of the world's step rewards.
+rewards were equal, and GRPO had no gradient. The completion is the whole episode; only the tokens
+where the model chose among legal ones are trained (``env_mask`` 1), the observations and forced
+tokens are context. The reward is the episode's return, the sum of the world's step rewards.
 
 Why ``rollout_func``, not TRL's ``environment_factory``: that drives an environment through tool
 calls, and the bundled model's chat template has none.
@@ -22,7 +22,6 @@ calls, and the bundled model's chat template has none.
 from __future__ import annotations
 
 import argparse
-import json
 import threading
 import time
 from contextlib import contextmanager
@@ -52,15 +51,17 @@ def env_server(max_turns: int) -> Iterator[str]:
         sock.close()
 
 
-def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], gen: Any) -> tuple[list[int], list[float]]:
+def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], gen: Any) -> tuple[list[int], list[float], list[int]]:
     """Tokens of ``" <action>"`` for one legal action sampled from ``model`` after ``context``: at each
     token, the softmax over the children the legal actions' token trie allows there (a forced token
-    where there is one); and each token's log-probability under that distribution."""
+    where there is one); each token's log-probability under that distribution; and 1 where the
+    model chose among several tokens, 0 where the trie forced one."""
     import torch
 
     keys = [tok(" " + k, add_special_tokens=False)["input_ids"] for k in legal]
     out: list[int] = []
     logps: list[float] = []
+    chose: list[int] = []
     with torch.no_grad():
         res = model(input_ids=torch.tensor([context]), use_cache=True)
         while out not in keys:
@@ -73,14 +74,17 @@ def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], ge
                 t, lp = allowed[i], float(scores[i])
             out.append(t)
             logps.append(lp)
+            chose.append(int(len(allowed) > 1))
             res = model(input_ids=torch.tensor([[t]]), past_key_values=res.past_key_values, use_cache=True)
-    return out, logps
+    return out, logps, chose
 
 
 def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any) -> dict[str, Any]:
     """One episode through ``client``: the prompt's tokens, the completion's (each reply as sampled,
     closed as the chat template closes a turn, then the next observation as the template opens a
-    user turn and the assistant's reply), which of them the model wrote (``env_mask``), their
+    user turn and the assistant's reply), the tokens the model chose among several (``env_mask`` 1:
+    the only ones trained; the ``ACTION:`` header, a token the trie forced, the template's tokens and
+    the observations have probability 1 under the sampling policy or are not the model's), their
     sampling log-probabilities (0 for the others), the episode's return and its replies."""
     from socialworld.rollout.openenv import SocialAction
 
@@ -104,15 +108,14 @@ def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any) 
     logps: list[float] = []
     total = 0.0
     while not r.done:
-        action, lps = sample_action(model, tok, prompt_ids + ids + head, r.observation.legal_actions, gen)
+        action, lps, chose = sample_action(model, tok, prompt_ids + ids + head, r.observation.legal_actions, gen)
         reply = "ACTION:" + tok.decode(action)
         r = client.step(SocialAction(reply=reply))
         replies.append(reply)
         total += float(r.reward or 0.0)
-        turn = head + action + close
-        ids += turn
-        mask += [1] * len(turn)
-        logps += [0.0] * len(head) + lps + [0.0] * len(close)
+        ids += head + action + close
+        mask += [0] * len(head) + chose + [0] * len(close)
+        logps += [0.0] * len(head) + [lp * c for lp, c in zip(lps, chose)] + [0.0] * len(close)
         chat.append({"role": "assistant", "content": reply})
         if not r.done:
             so_far = render(chat, False)
@@ -161,12 +164,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tok = AutoTokenizer.from_pretrained(args.model)
     with (env_server(args.max_turns) if args.url is None else _given(args.url)) as url, \
             SocialWorldClient(base_url=url).sync() as client:
+        # a scenario's first observation is the same for every seed: the seed of each group is counted, not read
+        first = client.reset(seed=0, scenario=args.scenario).observation.messages
         seeds = [1000 + s for s in range(args.seeds)]
-        rows, where = [], {}
-        for s in seeds:
-            first = client.reset(seed=s, scenario=args.scenario).observation.messages
-            rows.append({"prompt": first})
-            where[json.dumps(first)] = s
+        rows = [{"prompt": first} for _ in seeds]
+        played: list[int] = []
         gen = torch.Generator().manual_seed(0)
 
         def rollout(prompts: list, trainer: Any) -> dict[str, list]:
@@ -174,8 +176,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             was = model.training
             model.eval()
             out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "env_mask": [], "logprobs": [], "episode_return": []}
-            for p in prompts:  # TRL's sampler repeats each prompt num_generations times: one episode each
-                ep = play(client, model, tok, args.scenario, where[json.dumps(p)], gen)
+            # TRL's sampler repeats each prompt num_generations times in a row: one group, one seed, one episode each
+            for i in range(len(prompts)):
+                if i % trainer.num_generations == 0:
+                    played.append(seeds[len(played) % len(seeds)])
+                ep = play(client, model, tok, args.scenario, played[-1], gen)
                 for k in out:
                     out[k].append(ep[k])
             model.train(was)
@@ -200,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{args.scenario}, {args.max_turns} turns, {args.generations} episodes a group; mean episode return per step: "
           f"{', '.join(f'{r:+.3f}' for r in rewards)}; adapter in {args.out}")
     print(f"share of groups with equal rewards (no gradient) per step: {', '.join(f'{f:.2f}' for f in flat)}")
-    return {"rewards": rewards, "frac_reward_zero_std": flat, "stopped": watchdog.stopped, "out": args.out}
+    return {"rewards": rewards, "frac_reward_zero_std": flat, "stopped": watchdog.stopped, "seeds": played, "out": args.out}
 
 
 @contextmanager

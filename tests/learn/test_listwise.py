@@ -141,6 +141,14 @@ def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir):
         assert [float(x) for x in _block_logps(logits, 1, apart)] == pytest.approx([float(x) for x in want], abs=1e-4)
         assert [float(x) for x in _block_logps(logits, 0, two)] == pytest.approx(got[0], abs=1e-4)
     assert len(kept._prefix) == 2
+    alone_row = pair({"wait()": 0.0}, chosen="wait()")  # no system message: nothing shared, beside rows that share one
+    alone_row = build_row(alone_row.model_copy(update={"prompt": alone_row.prompt[1:]}), tok, 0.05, 0.05, 4096)
+    assert alone_row.shared == 0
+    with torch.no_grad():
+        want = _block_logps(_forward(model, [alone_row], pad), 0, alone_row)
+        logits = _forward(model, [one, alone_row], pad, kept)
+        assert [float(x) for x in _block_logps(logits, 1, alone_row)] == pytest.approx([float(x) for x in want], abs=1e-4)
+        assert [float(x) for x in _block_logps(logits, 0, one)] == pytest.approx(got[1], abs=1e-4)
     tight = PromptKV(max_bytes=kept.bytes // 2)  # room for the prefix and one prompt's KV: the other is read each time
     with torch.no_grad():
         _forward(model, [two, one], pad, tight)

@@ -173,14 +173,19 @@ def test_the_grpo_example_trains_by_interaction_through_the_server(tiny_dir, tmp
         ep = example.play(env, model, tok, "team_lunch", 5, torch.Generator().manual_seed(0))
         # the episode again through the runner's world: the sampled replies are legal, the return the world's
         text = tok.decode(ep["completion_ids"], skip_special_tokens=True)
-        assert len(ep["replies"]) == 3 and [line for line in text.splitlines() if line.startswith("ACTION:")] == ep["replies"]
+        assert [line for line in text.splitlines() if line.startswith("ACTION:")] == ep["replies"]
+        assert len(ep["replies"]) == 3 or ep["replies"][-1] == "ACTION: end()"  # the turn budget, or an end() sampled
         _, again = _replay(env, {"seed": 5, "scenario": "team_lunch"}, ep["replies"])
         assert sum(r.reward for r in again) == pytest.approx(ep["episode_return"]) and again[-1].done
         assert all(r.observation.metadata["parse_status"] == "ok" for r in again)
     n = len(ep["completion_ids"])
     assert len(ep["env_mask"]) == len(ep["logprobs"]) == n and 0 < sum(ep["env_mask"]) < n
     assert all(lp == 0.0 for lp, m in zip(ep["logprobs"], ep["env_mask"]) if m == 0)
+    assert all(lp < 0.0 for lp, m in zip(ep["logprobs"], ep["env_mask"]) if m == 1)  # trained: a choice among several
+    head = tok("ACTION:", add_special_tokens=False)["input_ids"]
+    assert ep["completion_ids"][: len(head)] == head and ep["env_mask"][: len(head)] == [0] * len(head)
     out = example.main(["--model", str(tiny_dir), "--seeds", "2", "--steps", "2", "--generations", "2", "--max-turns", "2",
                         "--out", str(tmp_path / "grpo")])
     assert len(out["rewards"]) == 2 and (tmp_path / "grpo" / "adapter_config.json").exists()
     assert min(out["frac_reward_zero_std"]) < 1.0 and out["stopped"] is None
+    assert out["seeds"] == [1000, 1001]  # one seed per group, in turn

@@ -114,7 +114,10 @@ def build_row(pair: Pair, tok: Any, temperature: float, margin: float, max_lengt
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     prompt_ids, head_ids = enc(prompt), enc(head)
     # the system message counts as shared only where it tokenizes as the prompt's start (as the decoder's prefixes)
-    system = enc(tok.apply_chat_template(pair.prompt[:1], tokenize=False)) if pair.prompt[0]["role"] == "system" else []
+    try:
+        system = enc(tok.apply_chat_template(pair.prompt[:1], tokenize=False)) if pair.prompt[0]["role"] == "system" else []
+    except Exception:  # a template that refuses a system message alone (some want a user turn): nothing shared
+        system = []
     shared = len(system) if 0 < len(system) < len(prompt_ids) and prompt_ids[: len(system)] == system else 0
     prefix = prompt_ids + head_ids
     if len(prefix) >= max_length:
@@ -216,17 +219,17 @@ class PromptKV:
     """The base model's KV cache of each row's prompt (its ids before the adapter's invocation), kept
     for one training run: the base weights are frozen, so a row's prompt KV is the same at every
     pass. A prompt's shared prefix (its system message, :attr:`Row.shared`: about 170 of the bundled
-    model's 410 prompt tokens, the same in every row of a scenario) is read once and kept apart; each
-    row keeps the rest. Rows are added until ``max_bytes``; later ones are computed each time (no
-    eviction: rows come back once a shuffled pass, so a least-recently-used store of fewer rows than
-    a pass would never hit)."""
+    model's 410 prompt tokens, the same in every row of a scenario) is read once and always kept
+    apart (a few, one per scenario; counted in ``bytes``); each row keeps the rest. Rows are added
+    until ``max_bytes``; later ones are computed each time (no eviction: rows come back once a
+    shuffled pass, so a least-recently-used store of fewer rows than a pass would never hit)."""
 
     def __init__(self, max_bytes: int = PROMPT_KV_BYTES) -> None:
         self.max_bytes = max_bytes
         self.bytes = self.hits = self.misses = 0
         self._prefix: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
-        self._kv: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
-        """a prompt's KV after its shared prefix"""
+        self._kv: dict[tuple[int, tuple[int, ...]], list[tuple[Any, Any]]] = {}
+        """a prompt's KV after its shared prefix, by (the prefix's length, the prompt)"""
 
     @staticmethod
     def _size(kv: list[tuple[Any, Any]]) -> int:
@@ -270,28 +273,28 @@ class PromptKV:
         import torch.nn.functional as F
         from transformers import DynamicCache
 
-        shared = list(shared) if shared is not None else [0] * len(prompts)
-        new = [p not in self._kv for p in prompts]
+        # a prefix leaves each prompt at least one token of its own
+        keys = [(min(n, len(p) - 1), p) for p, n in zip(prompts, shared if shared is not None else [0] * len(prompts))]
+        new = [k not in self._kv for k in keys]
         self.misses += sum(new)
-        self.hits += len(prompts) - sum(new)
-        cut = dict(zip(prompts, shared))
+        self.hits += len(keys) - sum(new)
         groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-        for p in dict.fromkeys(p for p, m in zip(prompts, new) if m):
-            groups.setdefault(p[: cut[p]], []).append(p)
-        fresh: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
+        for n, p in dict.fromkeys(k for k, m in zip(keys, new) if m):
+            groups.setdefault(p[:n], []).append(p)
+        fresh: dict[tuple[int, tuple[int, ...]], list[tuple[Any, Any]]] = {}
         for prefix, group in groups.items():
             for p, kv in zip(group, self._read(model, prefix, group, pad)):
-                fresh[p] = kv
+                fresh[(len(prefix), p)] = kv
                 size = self._size(kv)
                 if self.bytes + size <= self.max_bytes:
-                    self._kv[p] = kv
+                    self._kv[(len(prefix), p)] = kv
                     self.bytes += size
         width = max(len(p) for p in prompts)
         pad_to = lambda t: F.pad(t, (0, 0, 0, width - t.shape[2]))  # noqa: E731 - zeros after the prompt
         rows = []
-        for p in prompts:
-            rest = self._kv.get(p) or fresh[p]
-            head = self._prefix.get(p[: cut[p]]) if cut[p] else None
+        for n, p in keys:
+            rest = self._kv.get((n, p)) or fresh[(n, p)]
+            head = self._prefix.get(p[:n]) if n else None
             rows.append([(pad_to(torch.cat([head[i][0], k], 2)), pad_to(torch.cat([head[i][1], v], 2))) if head is not None
                          else (pad_to(k), pad_to(v)) for i, (k, v) in enumerate(rest)])
         layers = [(torch.cat([r[i][0] for r in rows]), torch.cat([r[i][1] for r in rows])) for i in range(len(rows[0]))]

@@ -29,6 +29,7 @@ fresh system and user message: a model that reads its history can act differentl
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 try:
@@ -69,8 +70,13 @@ class SocialWorldTasksetConfig(vf.TasksetConfig):
     """run seed: each scenario's episode seeds derive from it as ``socialworld eval --seed`` derives them"""
 
 
+@cache
+def _builtin() -> dict[str, ScenarioSpec]:
+    return load_builtin_scenarios()
+
+
 def _specs(names: list[str]) -> list[ScenarioSpec]:
-    known = load_builtin_scenarios()
+    known = _builtin()
     if not names:
         return list(known.values())
     out = []
@@ -110,8 +116,7 @@ class SocialWorldEnv(vf.Env[SocialWorldEnvConfig]):
 
     async def run(self, task: Any, agents: Any) -> None:
         data = task.data
-        spec = load_builtin_scenarios()[data.scenario]
-        ep = TextEpisode(spec, data.seed, chat="episode")
+        ep = TextEpisode(_builtin()[data.scenario], data.seed)
         total, done = 0.0, False
         async with agents.player.interaction(task) as it:
             segment = await it.turn()
