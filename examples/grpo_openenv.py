@@ -22,9 +22,7 @@ calls, and the bundled model's chat template has none.
 from __future__ import annotations
 
 import argparse
-import threading
-import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
 
@@ -32,23 +30,11 @@ from typing import Any, Iterator
 def env_server(max_turns: int) -> Iterator[str]:
     """``socialworld env serve`` in a background thread on a free port (every episode capped at
     ``max_turns``); yields its base URL."""
-    from socialworld.agents.lm.server import bind, server_for
+    from socialworld.agents.lm.server import in_background
     from socialworld.rollout.openenv import make_app
 
-    sock = bind("127.0.0.1", 0)
-    server = server_for(make_app(max_turns=max_turns), sock)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the OpenEnv server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with in_background(make_app(max_turns=max_turns)) as url:
+        yield url
 
 
 def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], gen: Any) -> tuple[list[int], list[float], list[int]]:
@@ -163,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         args.model = str(bundled_path())
     tok = AutoTokenizer.from_pretrained(args.model)
-    with (env_server(args.max_turns) if args.url is None else _given(args.url)) as url, \
+    with (env_server(args.max_turns) if args.url is None else nullcontext(args.url)) as url, \
             SocialWorldClient(base_url=url).sync() as client:
         # a scenario's first observation is the same for every seed: the seed of each group is counted, not read
         first = client.reset(seed=0, scenario=args.scenario).observation.messages
@@ -209,11 +195,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{', '.join(f'{r:+.3f}' for r in rewards)}; adapter in {args.out}")
     print(f"share of groups with equal rewards (no gradient) per step: {', '.join(f'{f:.2f}' for f in flat)}")
     return {"rewards": rewards, "frac_reward_zero_std": flat, "stopped": watchdog.stopped, "seeds": played, "out": args.out}
-
-
-@contextmanager
-def _given(url: str) -> Iterator[str]:
-    yield url
 
 
 if __name__ == "__main__":

@@ -186,26 +186,10 @@ def random_adapter(base, folder, seed: int = 1, base_name: str | None = None):
 def serving(app):
     """Serve an ASGI ``app`` (e.g. :func:`socialworld.agents.lm.server.make_app`) with uvicorn on a free
     local port in a background thread; yields its ``http://127.0.0.1:<port>/v1`` base URL."""
-    import threading
-    import time
+    from socialworld.agents.lm.server import in_background
 
-    from socialworld.agents.lm.server import bind, server_for
-
-    sock = bind("127.0.0.1", 0)
-    server = server_for(app, sock)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with in_background(app) as url:
+        yield f"{url}/v1"
 
 
 @contextmanager

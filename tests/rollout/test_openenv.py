@@ -12,16 +12,16 @@ import pytest
 
 pytest.importorskip("openenv")
 
+from socialworld.agents.lm.server import in_background  # noqa: E402
 from socialworld.agents.scripted import ExpertPolicy  # noqa: E402
 from socialworld.rollout.openenv import SocialAction, SocialWorldClient, make_app  # noqa: E402
 from socialworld.rollout.runner import EpisodeJob, run_episodes  # noqa: E402
-from socialworld.testing import serving  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def url():
-    with serving(make_app(max_sessions=16)) as u:
-        yield u.removesuffix("/v1")
+    with in_background(make_app(max_sessions=16)) as u:
+        yield u
 
 
 def _client(url):
@@ -108,8 +108,7 @@ def test_bad_input_is_an_error_from_the_call_and_the_session_stays(url):
 
 
 def test_a_client_that_goes_away_frees_its_session():
-    with serving(make_app(max_sessions=1)) as u:
-        url = u.removesuffix("/v1")
+    with in_background(make_app(max_sessions=1)) as url:
         for _ in range(3):  # one session at a time: each closes, the next one gets the place
             with _client(url) as env:
                 assert env.reset(seed=0).observation.text.startswith("Turn 1/")

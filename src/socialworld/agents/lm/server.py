@@ -37,8 +37,9 @@ import itertools
 import json
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Iterator, Literal, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -620,6 +621,29 @@ def server_for(app: Any, sock: Any) -> Any:
     host, port = sock.getsockname()[:2]
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                                          timeout_graceful_shutdown=1))
+
+
+@contextmanager
+def in_background(app: Any, timeout_s: float = 30) -> Iterator[str]:
+    """Serve an ASGI ``app`` (this module's :func:`make_app`, OpenEnv's) with uvicorn on a free local
+    port in a background thread; yields its ``http://127.0.0.1:<port>`` address and stops it after."""
+    import threading
+
+    sock = bind("127.0.0.1", 0)
+    server = server_for(app, sock)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
 
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_new_tokens: int = 64, dtype: str = "auto",
