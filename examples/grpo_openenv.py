@@ -40,8 +40,9 @@ def env_server(max_turns: int) -> Iterator[str]:
 def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], gen: Any) -> tuple[list[int], list[float], list[int]]:
     """Tokens of ``" <action>"`` for one legal action sampled from ``model`` after ``context``: at each
     token, the softmax over the children the legal actions' token trie allows there (a forced token
-    where there is one); each token's log-probability under that distribution; and 1 where the
-    model chose among several tokens, 0 where the trie forced one."""
+    where there is one; the most likely child where ``gen`` is None: greedy); each token's
+    log-probability under that distribution; and 1 where the model chose among several tokens, 0
+    where the trie forced one."""
     import torch
 
     keys = [tok(" " + k, add_special_tokens=False)["input_ids"] for k in legal]
@@ -56,7 +57,7 @@ def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], ge
                 t, lp = allowed[0], 0.0
             else:
                 scores = torch.log_softmax(res.logits[0, -1, allowed].float(), -1)
-                i = int(torch.multinomial(scores.exp(), 1, generator=gen))
+                i = int(scores.argmax()) if gen is None else int(torch.multinomial(scores.exp(), 1, generator=gen))
                 t, lp = allowed[i], float(scores[i])
             out.append(t)
             logps.append(lp)
@@ -93,12 +94,14 @@ def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any) 
     mask: list[int] = []
     logps: list[float] = []
     total = 0.0
+    outcome: dict[str, Any] = {}
     while not r.done:
         action, lps, chose = sample_action(model, tok, prompt_ids + ids + head, r.observation.legal_actions, gen)
         reply = "ACTION:" + tok.decode(action)
         r = client.step(SocialAction(reply=reply))
         replies.append(reply)
         total += float(r.reward or 0.0)
+        outcome = r.observation.metadata.get("outcome", outcome)
         ids += head + action + close
         mask += [0] * len(head) + chose + [0] * len(close)
         logps += [0.0] * len(head) + [lp * c for lp, c in zip(lps, chose)] + [0.0] * len(close)
@@ -111,7 +114,20 @@ def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any) 
             mask += [0] * len(obs)
             logps += [0.0] * len(obs)
     return {"prompt_ids": prompt_ids, "completion_ids": ids, "env_mask": mask, "logprobs": logps, "episode_return": total,
-            "replies": replies}
+            "replies": replies, "outcome": outcome}
+
+
+def evaluate(client: Any, model: Any, tok: Any, scenario: str, seeds: list[int]) -> dict[str, float]:
+    """The policy's greedy episodes (the most likely legal action at every turn) on held-out
+    ``seeds``: mean return, pass rate and CR."""
+    was = model.training
+    model.eval()
+    eps = [play(client, model, tok, scenario, s, None) for s in seeds]
+    model.train(was)
+    n = len(eps)
+    return {"return": sum(e["episode_return"] for e in eps) / n,
+            "pass": sum(bool(e["outcome"].get("pass")) for e in eps) / n,
+            "CR": sum(float(e["outcome"].get("CR", 0.0)) for e in eps) / n}
 
 
 def episode_return(prompts: list, completions: list, episode_return: list[float], **_: Any) -> list[float]:
@@ -124,10 +140,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--model", default="bundled", help="bundled, or a local model folder")
     ap.add_argument("--url", default=None, help="a running `socialworld env serve` (default: start one here)")
     ap.add_argument("--scenario", default="team_lunch", help="scenario id or short name")
-    ap.add_argument("--max-turns", type=int, default=3, help="turn budget of each episode (the server started here caps it)")
+    ap.add_argument("--max-turns", type=int, default=3,
+                    help="cap on each episode's turns (the server started here caps it; 0: the scenario's own budget)")
     ap.add_argument("--seeds", type=int, default=8, help="episodes (seeds) GRPO's groups start from")
     ap.add_argument("--steps", type=int, default=10, help="GRPO optimizer steps")
     ap.add_argument("--generations", type=int, default=4, help="episodes per seed (GRPO's group)")
+    ap.add_argument("--eval-seeds", type=int, default=8,
+                    help="held-out seeds the policy plays greedily before and after training (0: no evaluation)")
     ap.add_argument("--learning-rate", type=float, default=1e-4)
     ap.add_argument("--out", default="runs/grpo-openenv", help="folder for the LoRA adapter")
     ap.add_argument("--flat-reward-patience", type=int, default=5,
@@ -173,6 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             model.train(was)
             return out
 
+        held_out = [2000 + s for s in range(args.eval_seeds)]
         trainer = GRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(args.model), processing_class=tok, reward_funcs=[episode_return],
             train_dataset=Dataset.from_list(rows), rollout_func=rollout,
@@ -184,17 +204,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             bf16=auto_dtype() == "bfloat16", seed=0))
         watchdog = flat_reward_stop(args.flat_reward_patience)
         trainer.add_callback(watchdog)
+        before = evaluate(client, trainer.model, tok, args.scenario, held_out) if held_out else {}
         trainer.train()
+        after = evaluate(client, trainer.model, tok, args.scenario, held_out) if held_out else {}
     if watchdog.stopped:
         print(watchdog.stopped)
     trainer.save_model(args.out)
     history = trainer.state.log_history
     rewards = [h["rewards/episode_return/mean"] for h in history if "rewards/episode_return/mean" in h]
     flat = [h["frac_reward_zero_std"] for h in history if "frac_reward_zero_std" in h]
-    print(f"{args.scenario}, {args.max_turns} turns, {args.generations} episodes a group; mean episode return per step: "
+    budget = f"{args.max_turns} turns" if args.max_turns else "its own turn budget"
+    print(f"{args.scenario}, {budget}, {args.generations} episodes a group; mean episode return per step: "
           f"{', '.join(f'{r:+.3f}' for r in rewards)}; adapter in {args.out}")
     print(f"share of groups with equal rewards (no gradient) per step: {', '.join(f'{f:.2f}' for f in flat)}")
-    return {"rewards": rewards, "frac_reward_zero_std": flat, "stopped": watchdog.stopped, "seeds": played, "out": args.out}
+    for name, ev in (("before", before), ("after", after)):
+        if ev:
+            print(f"{name} training, greedy on {len(held_out)} held-out seeds: return {ev['return']:+.3f}, "
+                  f"pass {ev['pass']:.2f}, CR {ev['CR']:.2f}")
+    return {"rewards": rewards, "frac_reward_zero_std": flat, "stopped": watchdog.stopped, "seeds": played, "out": args.out,
+            "before": before, "after": after}
 
 
 if __name__ == "__main__":

@@ -184,7 +184,9 @@ def test_the_grpo_example_trains_by_interaction_through_the_server(tiny_dir, tmp
     head = tok("ACTION:", add_special_tokens=False)["input_ids"]
     assert ep["completion_ids"][: len(head)] == head and ep["env_mask"][: len(head)] == [0] * len(head)
     out = example.main(["--model", str(tiny_dir), "--seeds", "2", "--steps", "2", "--generations", "2", "--max-turns", "2",
-                        "--out", str(tmp_path / "grpo")])
+                        "--eval-seeds", "2", "--out", str(tmp_path / "grpo")])
     assert len(out["rewards"]) == 2 and (tmp_path / "grpo" / "adapter_config.json").exists()
     assert min(out["frac_reward_zero_std"]) < 1.0 and out["stopped"] is None
     assert out["seeds"] == [1000, 1001]  # one seed per group, in turn
+    for ev in (out["before"], out["after"]):  # greedy on the held-out seeds, scored by the world's outcome
+        assert set(ev) == {"return", "pass", "CR"} and 0.0 <= ev["CR"] <= 1.0 and -1.0 <= ev["return"] <= 1.0
