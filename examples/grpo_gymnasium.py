@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args=GRPOConfig(output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=args.generations,
                         num_generations=args.generations, max_completion_length=args.max_completion_length,
                         learning_rate=args.learning_rate, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-                            # bf16 only where native: TRL's default autocast emulates it on an AVX2-only CPU (a GRPO step 209 s against 12)
-                            bf16=auto_dtype() == "bfloat16",
+                        # bf16 only where native: TRL's default autocast emulates it on an AVX2-only CPU (a GRPO step 209 s against 12)
+                        bf16=auto_dtype() == "bfloat16",
                         seed=0))
     watchdog = flat_reward_stop(args.flat_reward_patience)  # every group's rewards equal for N steps: no gradient, stop
     trainer.add_callback(watchdog)

@@ -94,14 +94,12 @@ def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any) 
     mask: list[int] = []
     logps: list[float] = []
     total = 0.0
-    outcome: dict[str, Any] = {}
     while not r.done:
         action, lps, chose = sample_action(model, tok, prompt_ids + ids + head, r.observation.legal_actions, gen)
         reply = "ACTION:" + tok.decode(action)
         r = client.step(SocialAction(reply=reply))
         replies.append(reply)
         total += float(r.reward or 0.0)
-        outcome = r.observation.metadata.get("outcome", outcome)
         ids += head + action + close
         mask += [0] * len(head) + chose + [0] * len(close)
         logps += [0.0] * len(head) + [lp * c for lp, c in zip(lps, chose)] + [0.0] * len(close)
@@ -114,20 +112,29 @@ def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any) 
             mask += [0] * len(obs)
             logps += [0.0] * len(obs)
     return {"prompt_ids": prompt_ids, "completion_ids": ids, "env_mask": mask, "logprobs": logps, "episode_return": total,
-            "replies": replies, "outcome": outcome}
+            "replies": replies, "outcome": r.observation.metadata["outcome"]}
 
 
 def evaluate(client: Any, model: Any, tok: Any, scenario: str, seeds: list[int]) -> dict[str, float]:
     """The policy's greedy episodes (the most likely legal action at every turn) on held-out
     ``seeds``: mean return, pass rate and CR."""
-    was = model.training
-    model.eval()
-    eps = [play(client, model, tok, scenario, s, None) for s in seeds]
-    model.train(was)
+    with inference(model):
+        eps = [play(client, model, tok, scenario, s, None) for s in seeds]
     n = len(eps)
     return {"return": sum(e["episode_return"] for e in eps) / n,
-            "pass": sum(bool(e["outcome"].get("pass")) for e in eps) / n,
-            "CR": sum(float(e["outcome"].get("CR", 0.0)) for e in eps) / n}
+            "pass": sum(bool(e["outcome"]["pass"]) for e in eps) / n,
+            "CR": sum(float(e["outcome"]["CR"]) for e in eps) / n}
+
+
+@contextmanager
+def inference(model: Any) -> Iterator[None]:
+    """``model`` in eval mode, put back in the mode it was in after."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
 
 
 def episode_return(prompts: list, completions: list, episode_return: list[float], **_: Any) -> list[float]:
@@ -178,18 +185,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(0)
 
         def rollout(prompts: list, trainer: Any) -> dict[str, list]:
-            model = trainer.model
-            was = model.training
-            model.eval()
             out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "env_mask": [], "logprobs": [], "episode_return": []}
             # TRL's sampler repeats each prompt num_generations times in a row: one group, one seed, one episode each
-            for i in range(len(prompts)):
-                if i % trainer.num_generations == 0:
-                    played.append(seeds[len(played) % len(seeds)])
-                ep = play(client, model, tok, args.scenario, played[-1], gen)
-                for k in out:
-                    out[k].append(ep[k])
-            model.train(was)
+            with inference(trainer.model):
+                for i in range(len(prompts)):
+                    if i % trainer.num_generations == 0:
+                        played.append(seeds[len(played) % len(seeds)])
+                    ep = play(client, trainer.model, tok, args.scenario, played[-1], gen)
+                    for k in out:
+                        out[k].append(ep[k])
             return out
 
         held_out = [2000 + s for s in range(args.eval_seeds)]
