@@ -182,43 +182,6 @@ def test_reference_pairs_cover_the_reference_episode_states(lunch):
         assert p.chosen_value - p.rejected_value >= cfg.margin
 
 
-def test_the_experts_repeat_noise_is_seeded_and_its_repeats_give_no_reference_pair(specs):
-    spec = specs["book_club-v1"]
-    jobs = [EpisodeJob(spec, s) for s in range(6)]
-    clean = run_episodes(make_policy("expert"), jobs)
-    noisy = run_episodes(make_policy("expert", seed=5, repeat=0.5), jobs)
-    assert [e.model_dump() for e in noisy] == [e.model_dump() for e in run_episodes(make_policy("expert", seed=5, repeat=0.5), jobs)]
-    assert [e.model_dump() for e in noisy] != [e.model_dump() for e in run_episodes(make_policy("expert", seed=6, repeat=0.5), jobs)]
-
-    def repeats(e):
-        return [b.setting.step for a, b in zip(e.steps, e.steps[1:]) if a.action.executed == b.action.executed]
-
-    assert sum(map(len, map(repeats, clean))) == 0 < sum(map(len, map(repeats, noisy)))
-    assert all(s.action.parse_status == "ok" for e in noisy for s in e.steps)  # a repeat only where still legal
-    assert noisy[0].steps[0].policy.decoding == {"repeat": 0.5, "seed": 5} and clean[0].steps[0].policy.decoding == {}
-    with pytest.raises(ValueError, match="expert"):
-        make_policy("random", repeat=0.5)
-    # the repeated steps are the noise: no pair there; the steps after one keep the expert's label
-    ep = max(noisy, key=lambda e: len(repeats(e)))
-    cfg = SleepConfig(rollouts=1, horizon=4, max_candidates=6, reference_pairs="own", reference_repeat=0.5)
-    report = GatingReport()
-    pairs = reference_pairs(spec, ep, cfg, report)
-    assert report.excluded["action:reference_repeat"] == len(repeats(ep)) > 0
-    assert not {p.step for p in pairs} & set(repeats(ep)) and {r + 1 for r in repeats(ep)} & {p.step for p in pairs}
-    for p in pairs:
-        assert turn_parts(p.chosen[0]["content"])[1] == ep.steps[p.step].action.executed
-    # without the setting every step is a candidate label, as before
-    assert "action:reference_repeat" not in _excluded(spec, ep, replace(cfg, reference_repeat=0.0))
-    with pytest.raises(ValueError, match="reference_repeat"):
-        SleepConfig(continuation="oracle", reference_repeat=0.2)
-
-
-def _excluded(spec, ep, cfg):
-    report = GatingReport()
-    reference_pairs(spec, ep, cfg, report)
-    return report.excluded
-
-
 def test_gating_excludes_weak_evidence_and_counts_reasons(lunch, random_eps):
     cfg = SleepConfig(rollouts=1, horizon=4, max_candidates=6, template_cap=100)
     report = GatingReport()

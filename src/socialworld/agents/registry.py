@@ -11,16 +11,13 @@ from socialworld.agents.scripted import ExpertPolicy, OraclePolicy, RandomPolicy
 from socialworld.core import Policy, PrivilegedPolicy
 
 
-def make_policy(name: str, seed: int = 0, repeat: float = 0.0, **lm_options) -> Policy | PrivilegedPolicy:
+def make_policy(name: str, seed: int = 0, **lm_options) -> Policy | PrivilegedPolicy:
     """Build a policy from its spec string: ``random``, ``expert``, ``oracle``, or a model spec
-    (``bundled``, a local path or hub id, ``openai:<model>@<base_url>``; see :mod:`socialworld.agents.registry`);
-    ``repeat``: the expert's noise (:class:`~socialworld.agents.scripted.ExpertPolicy`), with ``seed``."""
-    if repeat and name != "expert":
-        raise ValueError(f"repeat noise is the expert's; {name!r} has none")
+    (``bundled``, a local path or hub id, ``openai:<model>@<base_url>``; see :mod:`socialworld.agents.registry`)."""
     if name == "random":
         return RandomPolicy(seed)
     if name == "expert":
-        return ExpertPolicy(repeat, seed)
+        return ExpertPolicy()
     if name == "oracle":
         return OraclePolicy()
     return make_lm_policy(name, **lm_options)

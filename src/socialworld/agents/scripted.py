@@ -193,53 +193,28 @@ class ExpertPolicy:
     is still open and nobody was promised it, then one one-to-one re-proposal once everyone else
     agreed; give up on an option only then. Quarrels are settled first (the more hurt party, by
     mood cue, first), then relationships before leaving. Its stated mental state infers
-    preferences from what was said and from who accepted what.
-
-    ``repeat`` > 0 adds DART-style noise (Laskey et al., 2017: the teacher's demonstrations
-    perturbed toward the student's errors, each later state still labelled by the teacher): at
-    each step after the first, with probability ``repeat`` (a stream per episode from ``seed`` and
-    the episode's key) the agent repeats its previous move, where that move is still legal,
-    instead of choosing. Repeating the last move is a cloned student's commonest error on the
-    later tiers; the expert itself repeats at about 1 in 9,000 steps. A repeated step leaves the
-    expert's memory as it was (it did not choose it); what it does at the states after one is
-    its own choice there."""
+    preferences from what was said and from who accepted what."""
 
     policy_id = "expert"
 
-    def __init__(self, repeat: float = 0.0, seed: int = 0) -> None:
-        if not 0 <= repeat <= 1:
-            raise ValueError(f"repeat must be in [0, 1], got {repeat}")
-        self.repeat, self.seed = repeat, seed
+    def __init__(self) -> None:
         self._mem: dict[str, _ExpertMemory] = {}
-        self._noise: dict[str, WorldRNG] = {}
 
     def info(self) -> PolicyRec:
-        return PolicyRec(policy_id=self.policy_id, version=EXPERT_VERSION,
-                         decoding={"repeat": self.repeat, "seed": self.seed} if self.repeat else {})
+        return PolicyRec(policy_id=self.policy_id, version=EXPERT_VERSION)
 
     def reset(self, episode_keys: Sequence[str]) -> None:
         for k in episode_keys:
             self._mem[k] = _ExpertMemory()
-            if self.repeat:
-                self._noise[k] = WorldRNG(derive_seed(self.seed, "expert-repeat", k))
 
     def act(self, episode_keys: Sequence[str], observations: Sequence[Observation]) -> list[Decision]:
         out = []
         for k, obs in zip(episode_keys, observations):
             m = self._mem.setdefault(k, _ExpertMemory())
             b = m.beliefs.update(obs)
-            a = self._repeated(k, obs) or self._choose(m, obs, b)
+            a = self._choose(m, obs, b)
             out.append(Decision(a, self.stated(obs, b), raw=a.key))
         return out
-
-    def _repeated(self, key: str, obs: Observation) -> Action | None:
-        """The previous move again, when the noise fires at this step and the move is still legal."""
-        if not self.repeat or not obs.moves:
-            return None
-        if self._noise.setdefault(key, WorldRNG(derive_seed(self.seed, "expert-repeat", key))).random() >= self.repeat:
-            return None
-        legal = {a.key: a for a in legal_actions(obs)}
-        return say(obs, legal[obs.moves[-1]]) if obs.moves[-1] in legal else None
 
     @staticmethod
     def stated(obs: Observation, b: Beliefs) -> MentalState:

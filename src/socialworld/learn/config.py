@@ -49,16 +49,9 @@ class PairBuild:
         "help": "action pairs at the states of the reference (continuation-policy) episodes too: off; best (chosen = the "
                 "best candidate by rollouts); own (chosen = the reference's own action); rejected = a candidate at least "
                 "margin worse. They reach states a weak policy's own wake never visits"})
-    reference_repeat: float = field(default=0.0, metadata={"check": SHARE, "help": (
-        "DART-style noise on the reference episodes beyond the wake's seeds: the expert repeats its previous move with "
-        "this probability at each step (a cloned student's commonest error), so its labels cover the states after one; "
-        "a repeated step gives no reference pair (0: none)")})
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.reference_repeat and self.continuation != "expert":
-            raise FieldError("reference_repeat", f"is the expert's noise; continuation is {self.continuation}",
-                             related=("continuation",))
 
     @property
     def provenance(self) -> str:
@@ -89,7 +82,7 @@ class SleepConfig(Gating, PairBuild):
     (:class:`Gating`), one flat config (its fields are ``socialworld loop``'s options)."""
 
     def __post_init__(self) -> None:
-        PairBuild.__post_init__(self)
+        check_fields(self)
 
     @property
     def build(self) -> PairBuild:
@@ -205,7 +198,7 @@ class LoopConfig:
 
 
 LOOP_ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "reference_episodes": 0, "dialogue_steps": 0, "judge": "",
-                     "sleep": {"values": "off", "discount": 1.0, "reference_pairs": "off", "reference_repeat": 0.0, "replay": 0.0, "wake_chosen": "best", "label_gate": "margin",
+                     "sleep": {"values": "off", "discount": 1.0, "reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin",
                                "judge_margin": 2.0},
                      "train": {"max_epochs": 0.0, "lora_upper": 1.0, "dtype": "float32", "balance": 0,
                                "value_temperature": 0.05, "value_margin": 0.05,

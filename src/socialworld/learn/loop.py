@@ -4,8 +4,7 @@ Per cycle ``c``::
 
     cycle-c/wake/episodes.jsonl         the current policy on *training* seeds
     cycle-c/wake/reference.jsonl        the continuation policy on the same seeds (dialogue pairs) and on
-                                        ``reference_episodes`` training seeds per scenario (reference pairs;
-                                        those beyond the wake's seeds with ``sleep.reference_repeat``'s noise)
+                                        ``reference_episodes`` training seeds per scenario (reference pairs)
     cycle-c/sleep/pairs-action.parquet  gated step-level pairs
     cycle-c/sleep/pairs-dialogue.parquet
     cycle-c/sleep/gating.json           every exclusion counted by reason
@@ -208,19 +207,6 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         return [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
                 for seed in train_seeds(cfg.seed, s.id, c, cfg.train_episodes if n is None else n)]
 
-    def reference_rollout(c: int, tiers: Sequence[str]) -> list[EpisodeRecord]:
-        """The continuation policy's episodes on the wake's seeds (the dialogue track's reference),
-        then on the rest of ``reference_episodes``' seeds, those with ``sleep.reference_repeat``'s noise."""
-        jobs = wake_jobs(c, tiers, max(cfg.train_episodes, cfg.reference_episodes))
-        wake_seeds = {(j.spec.id, j.seed) for j in wake_jobs(c, tiers)}
-        noisy = [j for j in jobs if (j.spec.id, j.seed) not in wake_seeds] if cfg.sleep.reference_repeat else []
-        clean = [j for j in jobs if (j.spec.id, j.seed) in wake_seeds or not noisy]
-        eps = {(e.scenario_id, e.seed): e for e in rollouts(cfg.sleep.continuation, clean, ray=cfg.ray)}
-        if noisy:
-            eps.update({(e.scenario_id, e.seed): e for e in rollouts(cfg.sleep.continuation, noisy, ray=cfg.ray, seed=cfg.seed,
-                                                                     repeat=cfg.sleep.reference_repeat)})
-        return [eps[(j.spec.id, j.seed)] for j in jobs]
-
     def evaluate(c: int, tiers: Sequence[str], adapters: dict[str, str] | None, what: str) -> None:
         """Cycle ``c``'s evaluation, with cycle ``c+1``'s wake in the same rollout when its tiers
         are known now (see the module docstring)."""
@@ -273,7 +259,10 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         if run.produce(d.wake, "wake", lambda p: write_jsonl(p, rollout(_policy(cfg, adapters), jobs, f"cycle {c} wake")),
                        inputs=prev):
             log(f"cycle {c} ({'+'.join(tiers)}): wake {len(jobs)} episodes")
-        run.produce(d.reference, f"wake:{cfg.sleep.continuation}", lambda p: write_jsonl(p, reference_rollout(c, tiers)))
+        run.produce(d.reference, f"wake:{cfg.sleep.continuation}",
+                    lambda p: write_jsonl(p, rollouts(cfg.sleep.continuation,
+                                                               wake_jobs(c, tiers, max(cfg.train_episodes, cfg.reference_episodes)),
+                                                               ray=cfg.ray)))
         wake = read_jsonl(run.path(d.wake))
         ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(d.reference))}
         judged = _judged(cfg, run, d, wake, ref, specs, log)

@@ -22,10 +22,7 @@ strict gating, with a report that counts every exclusion by reason.
   chosen = the best candidate (``best``) or the reference's own action (``own``: DAgger's
   expert label, with simulator-scored negatives), rejected = a candidate at least ``margin``
   worse than chosen, drawn by a seeded RNG; both as whole turns with the template's words. The
-  wake of a weak policy stays in opening states; these pairs cover the rest of the task. With
-  ``reference_repeat`` the reference episodes beyond the wake's seeds are the expert's with
-  DART-style noise (its previous move repeated now and then): the repeated steps give no pair,
-  the states after them do.
+  wake of a weak policy stays in opening states; these pairs cover the rest of the task.
 * **Dialogue track** (trajectory level) — two trajectories of the same scenario and seed (the
   policy's and the continuation policy's); at aligned steps where both took the same action,
   chosen = the utterance of the higher-outcome trajectory, rejected = the other's, when its
@@ -323,18 +320,12 @@ def reference_pairs(spec: ScenarioSpec, ref: EpisodeRecord, cfg: PairBuild, repo
     (``cfg.reference_pairs == "best"``) or the reference's own action (``"own"``; a step where it
     was not legal is excluded as ``reference_illegal``), rejected = a candidate whose value is at
     least ``cfg.margin`` below chosen's, drawn by a seeded RNG. The reference's own action is
-    always among the candidates. With ``cfg.reference_repeat`` (the expert's noise) a step that
-    repeats the step before is the noise, not a label: excluded as ``reference_repeat``."""
+    always among the candidates."""
     from socialworld.world.rng import WorldRNG
 
     pairs = []
-    before = None
     for s, w in replay(spec, ref):
         t = s.setting.step
-        repeated, before = s.action.executed == before, s.action.executed
-        if cfg.reference_repeat and repeated:
-            report.exclude("action", "reference_repeat")
-            continue
         key = (ref.scenario_id, ref.seed, t, "reference")
         own = recorded_action(s)
         cands = candidates(w, own, cfg.max_candidates, key)
