@@ -37,12 +37,13 @@ def env_server(max_turns: int) -> Iterator[str]:
         yield url
 
 
-def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], gen: Any) -> tuple[list[int], list[float], list[int]]:
+def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], gen: Any,
+                  temperature: float = 1.0) -> tuple[list[int], list[float], list[int]]:
     """Tokens of ``" <action>"`` for one legal action sampled from ``model`` after ``context``: at each
-    token, the softmax over the children the legal actions' token trie allows there (a forced token
-    where there is one; the most likely child where ``gen`` is None: greedy); each token's
-    log-probability under that distribution; and 1 where the model chose among several tokens, 0
-    where the trie forced one."""
+    token, the softmax at ``temperature`` over the children the legal actions' token trie allows
+    there (a forced token where there is one; the most likely child where ``gen`` is None: greedy);
+    each token's log-probability under that distribution; and 1 where the model chose among several
+    tokens, 0 where the trie forced one."""
     import torch
 
     keys = [tok(" " + k, add_special_tokens=False)["input_ids"] for k in legal]
@@ -56,7 +57,7 @@ def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], ge
             if len(allowed) == 1:
                 t, lp = allowed[0], 0.0
             else:
-                scores = torch.log_softmax(res.logits[0, -1, allowed].float(), -1)
+                scores = torch.log_softmax(res.logits[0, -1, allowed].float() / temperature, -1)
                 i = int(scores.argmax()) if gen is None else int(torch.multinomial(scores.exp(), 1, generator=gen))
                 t, lp = allowed[i], float(scores[i])
             out.append(t)
@@ -66,7 +67,7 @@ def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], ge
     return out, logps, chose
 
 
-def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any) -> dict[str, Any]:
+def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any, temperature: float = 1.0) -> dict[str, Any]:
     """One episode through ``client``: the prompt's tokens, the completion's (each reply as sampled,
     closed as the chat template closes a turn, then the next observation as the template opens a
     user turn and the assistant's reply), the tokens the model chose among several (``env_mask`` 1:
@@ -95,7 +96,7 @@ def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any) 
     logps: list[float] = []
     total = 0.0
     while not r.done:
-        action, lps, chose = sample_action(model, tok, prompt_ids + ids + head, r.observation.legal_actions, gen)
+        action, lps, chose = sample_action(model, tok, prompt_ids + ids + head, r.observation.legal_actions, gen, temperature)
         reply = "ACTION:" + tok.decode(action)
         r = client.step(SocialAction(reply=reply))
         replies.append(reply)
@@ -155,10 +156,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--eval-seeds", type=int, default=8,
                     help="held-out seeds the policy plays greedily before and after training (0: no evaluation)")
     ap.add_argument("--learning-rate", type=float, default=1e-4)
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="sampling temperature of the episodes GRPO learns from (TRL's logprobs use the same)")
     ap.add_argument("--out", default="runs/grpo-openenv", help="folder for the LoRA adapter")
     ap.add_argument("--flat-reward-patience", type=int, default=5,
                     help="stop once every group's rewards were equal for this many steps in a row (0: never)")
     args = ap.parse_args(argv)
+    if args.temperature <= 0:
+        ap.error(f"--temperature must be above 0, got {args.temperature}")
 
     import torch
     from datasets import Dataset
@@ -191,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 for i in range(len(prompts)):
                     if i % trainer.num_generations == 0:
                         played.append(seeds[len(played) % len(seeds)])
-                    ep = play(client, trainer.model, tok, args.scenario, played[-1], gen)
+                    ep = play(client, trainer.model, tok, args.scenario, played[-1], gen, args.temperature)
                     for k in out:
                         out[k].append(ep[k])
             return out
@@ -203,6 +208,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
             args=GRPOConfig(output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=args.generations,
                             num_generations=args.generations, learning_rate=args.learning_rate, logging_steps=1,
+                            temperature=args.temperature,
                             save_strategy="no", report_to=[], use_cpu=True,
                             # bf16 only where native: TRL's default autocast emulates it on an AVX2-only CPU (a GRPO step 209 s against 12)
                             bf16=auto_dtype() == "bfloat16", seed=0))

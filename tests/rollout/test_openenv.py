@@ -3,6 +3,7 @@ server, the runner's rewards step for step through its client, determinism acros
 concurrent sessions, bad input, a client that goes away."""
 
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -183,8 +184,14 @@ def test_the_grpo_example_trains_by_interaction_through_the_server(tiny_dir, tmp
     assert all(lp < 0.0 for lp, m in zip(ep["logprobs"], ep["env_mask"]) if m == 1)  # trained: a choice among several
     head = tok("ACTION:", add_special_tokens=False)["input_ids"]
     assert ep["completion_ids"][: len(head)] == head and ep["env_mask"][: len(head)] == [0] * len(head)
+    # the temperature divides the logits: far above 1 each choice is uniform over the trie's children there
+    ctx = tok("ACTION:", add_special_tokens=False)["input_ids"]
+    _, lps, chose = example.sample_action(model, tok, ctx, ["wait()", "end()"], torch.Generator().manual_seed(0), 1e6)
+    assert chose[0] == 1 and lps[0] == pytest.approx(-math.log(2), abs=1e-4)
+    _, cold, _ = example.sample_action(model, tok, ctx, ["wait()", "end()"], None)
+    assert cold[0] != pytest.approx(-math.log(2), abs=1e-4)
     out = example.main(["--model", str(tiny_dir), "--seeds", "2", "--steps", "2", "--generations", "2", "--max-turns", "2",
-                        "--eval-seeds", "2", "--out", str(tmp_path / "grpo")])
+                        "--eval-seeds", "2", "--temperature", "2", "--out", str(tmp_path / "grpo")])
     assert len(out["rewards"]) == 2 and (tmp_path / "grpo" / "adapter_config.json").exists()
     assert min(out["frac_reward_zero_std"]) < 1.0 and out["stopped"] is None
     assert out["seeds"] == [1000, 1001]  # one seed per group, in turn
