@@ -184,12 +184,15 @@ def test_the_grpo_example_trains_by_interaction_through_the_server(tiny_dir, tmp
     assert all(lp < 0.0 for lp, m in zip(ep["logprobs"], ep["env_mask"]) if m == 1)  # trained: a choice among several
     head = tok("ACTION:", add_special_tokens=False)["input_ids"]
     assert ep["completion_ids"][: len(head)] == head and ep["env_mask"][: len(head)] == [0] * len(head)
-    # the temperature divides the logits: far above 1 each choice is uniform over the trie's children there
-    ctx = tok("ACTION:", add_special_tokens=False)["input_ids"]
-    _, lps, chose = example.sample_action(model, tok, ctx, ["wait()", "end()"], torch.Generator().manual_seed(0), 1e6)
-    assert chose[0] == 1 and lps[0] == pytest.approx(-math.log(2), abs=1e-4)
-    _, cold, _ = example.sample_action(model, tok, ctx, ["wait()", "end()"], None)
-    assert cold[0] != pytest.approx(-math.log(2), abs=1e-4)
+    # the temperature divides the logits over the trie's children: far above 1 each choice is uniform
+    legal = ["wait()", "end()"]
+    first = [tok(" " + k, add_special_tokens=False)["input_ids"][0] for k in legal]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([head])).logits[0, -1, first].float()
+    for t, want in ((1e6, None), (2.0, torch.log_softmax(logits / 2.0, -1)), (1.0, torch.log_softmax(logits, -1))):
+        ids, lps, chose = example.sample_action(model, tok, head, legal, torch.Generator().manual_seed(0), t)
+        assert chose[0] == 1
+        assert lps[0] == pytest.approx(-math.log(2) if want is None else float(want[first.index(ids[0])]), abs=1e-5)
     out = example.main(["--model", str(tiny_dir), "--seeds", "2", "--steps", "2", "--generations", "2", "--max-turns", "2",
                         "--eval-seeds", "2", "--temperature", "2", "--out", str(tmp_path / "grpo")])
     assert len(out["rewards"]) == 2 and (tmp_path / "grpo" / "adapter_config.json").exists()
