@@ -1,4 +1,4 @@
-"""Learning speed of the bench's default recipe with the bundled model, measured in one run on
+"""Learning speed of the bench's default recipe and the trainers before it, with the bundled model, measured in one run on
 this machine: seconds per training step and per decision, prompt tokens per decision and per
 training row, and the achieved decode throughput against the model's raw batched forward
 throughput on the same prompts.
@@ -6,10 +6,11 @@ throughput on the same prompts.
 Run: ``python benchmarks/learning_speed.py`` (about 3 minutes on 2 cores); ``--steps``,
 ``--turns`` and ``--lm-batch`` change the sample. ``--json PATH`` also writes the numbers.
 
-* training: :func:`socialworld.learn.train.train_adapter` under ``bench.RECIPE_TRAIN`` (the default
-  preset's trainer, LoRA and dtype) on expert reference pairs (``bench.RECIPE_SLEEP``'s
-  ``own`` labels) at training seeds of every shipped scenario; seconds per step =
-  ``trainer.train()`` wall / steps (the first step's warm-up included, trainer set-up not).
+* training (cloning): :func:`socialworld.learn.train.train_adapter` with TRL's SFT on a plain
+  adapter (``bench.RECIPE_TRAIN``'s LoRA, batch and dtype; the default until 2026-11-28) on expert
+  reference pairs (``bench.RECIPE_SLEEP``'s ``own`` labels) at training seeds of every shipped
+  scenario; seconds per step = ``trainer.train()`` wall / steps (the first step's warm-up
+  included, trainer set-up not).
 * decisions: the deployed policy (constrained decoding, as the bench evaluates) on one
   evaluation seed of every scenario for ``--turns`` lockstep turns, batch = every episode;
   seconds per decision = wall / decisions. Achieved throughput = (prompt + completion tokens)
@@ -17,11 +18,12 @@ Run: ``python benchmarks/learning_speed.py`` (about 3 minutes on 2 cores); ``--s
 * values (the ``values`` preset's sleep, ``bench.VALUES_SLEEP``): the value of every scored
   candidate at the same reference states, each the mean of its rollouts in imagined worlds;
   counterfactual evaluations per second = continuations rolled out / wall.
-* listwise (``bench.VALUES_TRAIN``): seconds per training step of the listwise objective on those
-  pairs, and rows per minute of both trainers (rows = steps x batch).
-* activated: the same objective with an activated adapter (``activated=True``: the prompts read by
-  the base model without gradient, the replies trained) on the reference pairs (their legal sets,
-  one-hot targets), seconds per step and rows per minute; and again on two batches' worth of those
+* listwise (``bench.VALUES_TRAIN`` on a plain adapter): seconds per training step of the listwise
+  objective on those pairs, and rows per minute of it and of cloning (rows = steps x batch).
+* activated: the default recipe (``bench.RECIPE_TRAIN``: the same objective on an activated
+  adapter, the prompts read by the base model without gradient, the replies trained) on the
+  reference pairs (their legal sets, one-hot targets), seconds per step and rows per minute; and
+  again on two batches' worth of those
   rows, so each comes back every other step and its prompt's KV is read from the store
   (``listwise.PromptKV``), as in a main job's later passes.
 * raw: one batched forward pass (no generation) over the same episodes' first prompts,
@@ -90,7 +92,8 @@ def main() -> None:
     row_tokens = [tokens(p.prompt + p.chosen) for p in pairs]
     completion_tokens = [len(tok(p.chosen[0]["content"], add_special_tokens=False)["input_ids"]) for p in pairs]
     with tempfile.TemporaryDirectory() as tmp:
-        res = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(RECIPE_TRAIN, steps=args.steps, max_epochs=0), pairs=pairs)
+        res = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(RECIPE_TRAIN, method="sft", activated=False, steps=args.steps,
+                                                                                   max_epochs=0), pairs=pairs)
 
     # the value recipe: every candidate's value at the same states, then the listwise objective on them
     t0 = time.perf_counter()
@@ -98,14 +101,14 @@ def main() -> None:
     values_wall = time.perf_counter() - t0
     continuations = sum(len(p.candidates or ()) for p in valued) * VALUES_SLEEP.rollouts
     with tempfile.TemporaryDirectory() as tmp:
-        lw = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(VALUES_TRAIN, steps=args.steps, max_epochs=0), pairs=valued)
+        lw = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(VALUES_TRAIN, activated=False, steps=args.steps, max_epochs=0),
+                            pairs=valued)
 
     with tempfile.TemporaryDirectory() as tmp:
-        act = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(VALUES_TRAIN, steps=args.steps, max_epochs=0,
-                                                                           activated=True), pairs=pairs)
+        act = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(RECIPE_TRAIN, steps=args.steps, max_epochs=0), pairs=pairs)
     with tempfile.TemporaryDirectory() as tmp:
-        again = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(VALUES_TRAIN, steps=args.steps, max_epochs=0, balance=0,
-                                                                             activated=True), pairs=pairs[: 2 * VALUES_TRAIN.batch_size])
+        again = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(RECIPE_TRAIN, steps=args.steps, max_epochs=0, balance=0),
+                              pairs=pairs[: 2 * RECIPE_TRAIN.batch_size])
 
     # decisions: every scenario's first evaluation seed, in one lockstep batch
     jobs = [EpisodeJob(capped(s, args.turns), episode_seeds(0, s.id, 1)[0]) for s in specs.values()]
@@ -129,7 +132,7 @@ def main() -> None:
 
     out = {
         "cpu": cpu(), "torch": torch.__version__,
-        "train": {"recipe": {"method": RECIPE_TRAIN.method, "batch_size": RECIPE_TRAIN.batch_size,
+        "train": {"recipe": {"method": "sft", "batch_size": RECIPE_TRAIN.batch_size,
                              "lora_upper": RECIPE_TRAIN.lora_upper, "target_modules": list(RECIPE_TRAIN.target_modules)},
                   "dtype": compute_dtype(RECIPE_TRAIN), "rows": len(pairs), "steps": res.steps,
                   "seconds_per_step": res.train_seconds / res.steps,
@@ -151,7 +154,7 @@ def main() -> None:
     }
     t, d = out["train"], out["decode"]
     print(f"cpu: {out['cpu']['name']} ({out['cpu']['threads']} threads, native bf16: {out['cpu']['native_bf16'] or 'no'})")
-    print(f"training ({t['dtype']}, batch {RECIPE_TRAIN.batch_size}, LoRA on the upper {RECIPE_TRAIN.lora_upper:.0%} of layers): "
+    print(f"cloning, TRL SFT on a plain adapter ({t['dtype']}, batch {RECIPE_TRAIN.batch_size}, LoRA on the upper {RECIPE_TRAIN.lora_upper:.0%} of layers): "
           f"{t['seconds_per_step']:.2f} s/step over {t['steps']} steps; {t['tokens_per_row']:.0f} tokens per row "
           f"({t['completion_tokens_per_row']:.0f} of them completion)")
     v, lw_ = out["values"], out["listwise"]
@@ -159,7 +162,7 @@ def main() -> None:
           f"counterfactual evaluations/s, {v['candidates_per_state']:.1f} candidates and {v['seconds_per_state']:.2f} s per state")
     print(f"listwise: {lw_['seconds_per_step']:.2f} s/step; rows per minute {lw_['rows_per_minute']:.1f} (sft {lw_['sft_rows_per_minute']:.1f})")
     a = out["activated"]
-    print(f"activated listwise: {a['seconds_per_step']:.2f} s/step; rows per minute {a['rows_per_minute']:.1f}; "
+    print(f"activated listwise (the default recipe): {a['seconds_per_step']:.2f} s/step; rows per minute {a['rows_per_minute']:.1f}; "
           f"{a['seconds_per_step_rows_again']:.2f} s/step where rows come back (their prompts' KV kept)")
     print(f"decoding ({d['dtype']}, batch {d['lm_batch']}): {d['seconds_per_decision']:.3f} s/decision over {d['decisions']} "
           f"decisions; {d['prompt_tokens_per_decision']:.0f} prompt tokens per decision")

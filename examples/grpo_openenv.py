@@ -116,6 +116,26 @@ def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any, 
             "replies": replies, "outcome": r.observation.metadata["outcome"]}
 
 
+def expert_rows(scenario: str, seeds: list[int], max_turns: int) -> list[dict[str, Any]]:
+    """Warm-start rows: the expert's episodes on ``seeds`` as this example plays an episode (one
+    growing conversation, each reply ``ACTION: <action>``), one row per turn: the conversation so far
+    as the prompt, the expert's reply as the completion. Played on the Gymnasium env with
+    ``chat="episode"``, which builds the conversation the server's observations make, and its
+    text-level expert (``expert_reply``; its ACTION line only)."""
+    from socialworld.rollout.gym import SocialWorldEnv
+
+    env = SocialWorldEnv(scenario, max_turns=max_turns, chat="episode")
+    rows: list[dict[str, Any]] = []
+    for seed in seeds:
+        _, info = env.reset(seed=seed)
+        done = False
+        while not done:
+            reply = next(line for line in env.expert_reply().splitlines() if line.startswith("ACTION:"))
+            rows.append({"prompt": info["messages"], "completion": [{"role": "assistant", "content": reply}]})
+            _, _, done, _, info = env.step(reply)
+    return rows
+
+
 def evaluate(client: Any, model: Any, tok: Any, scenario: str, seeds: list[int]) -> dict[str, float]:
     """The policy's greedy episodes (the most likely legal action at every turn) on held-out
     ``seeds``: mean return, pass rate and CR."""
@@ -136,6 +156,14 @@ def inference(model: Any) -> Iterator[None]:
         yield
     finally:
         model.train(was)
+
+
+WARM_EPISODES = 0
+"""expert episodes the warm start clones by default (0: none)"""
+WARM_EPOCHS = 1.0
+"""passes over the warm start's rows"""
+WARM_LEARNING_RATE = 2e-4
+"""the warm start's SFT learning rate (LoRA's usual)"""
 
 
 def episode_return(prompts: list, completions: list, episode_return: list[float], **_: Any) -> list[float]:
@@ -161,15 +189,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default="runs/grpo-openenv", help="folder for the LoRA adapter")
     ap.add_argument("--flat-reward-patience", type=int, default=5,
                     help="stop once every group's rewards were equal for this many steps in a row (0: never)")
+    ap.add_argument("--warm-episodes", type=int, default=WARM_EPISODES,
+                    help="expert episodes (their own seeds) the model is cloned on with TRL's SFT before GRPO (0: no warm start)")
+    ap.add_argument("--warm-epochs", type=float, default=WARM_EPOCHS, help="passes over the warm start's rows")
     args = ap.parse_args(argv)
     if args.temperature <= 0:
         ap.error(f"--temperature must be above 0, got {args.temperature}")
+    if args.warm_episodes < 0:
+        ap.error(f"--warm-episodes must be 0 or more, got {args.warm_episodes}")
+    if args.warm_epochs <= 0:
+        ap.error(f"--warm-epochs must be above 0, got {args.warm_epochs}")
 
     import torch
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
     from socialworld.agents.models import auto_dtype
     from socialworld.learn.train import flat_reward_stop
@@ -202,19 +237,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return out
 
         held_out = [2000 + s for s in range(args.eval_seeds)]
+        lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+        # bf16 only where native: TRL's default autocast emulates it on an AVX2-only CPU (a GRPO step 209 s against 12)
+        bf16 = auto_dtype() == "bfloat16"
+        model = AutoModelForCausalLM.from_pretrained(args.model)
+        before = evaluate(client, model, tok, args.scenario, held_out) if held_out else {}
+        warm: dict[str, float] = {}
+        if args.warm_episodes:
+            # the expert's episodes, cloned: GRPO then starts from a policy whose episodes make progress
+            warm_rows = expert_rows(args.scenario, [3000 + s for s in range(args.warm_episodes)], args.max_turns)
+            if warm_rows[0]["prompt"] != first:
+                raise ValueError(f"the server at {url} opens {args.scenario} with another conversation than this "
+                                 "socialworld's: the warm start would teach another prompt")
+            sft = SFTTrainer(model=model, processing_class=tok, train_dataset=Dataset.from_list(warm_rows), peft_config=lora,
+                             args=SFTConfig(output_dir=args.out, num_train_epochs=args.warm_epochs, per_device_train_batch_size=4,
+                                            learning_rate=WARM_LEARNING_RATE, max_length=None, logging_steps=1,
+                                            save_strategy="no", report_to=[], use_cpu=True, bf16=bf16, seed=0))
+            sft.train()
+            model = sft.model
+            warm = evaluate(client, model, tok, args.scenario, held_out) if held_out else {}
         trainer = GRPOTrainer(
-            model=AutoModelForCausalLM.from_pretrained(args.model), processing_class=tok, reward_funcs=[episode_return],
+            model=model, processing_class=tok, reward_funcs=[episode_return],
             train_dataset=Dataset.from_list(rows), rollout_func=rollout,
-            peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
+            peft_config=None if args.warm_episodes else lora,  # the warm start's adapter trains on
             args=GRPOConfig(output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=args.generations,
                             num_generations=args.generations, learning_rate=args.learning_rate, logging_steps=1,
                             temperature=args.temperature,
-                            save_strategy="no", report_to=[], use_cpu=True,
-                            # bf16 only where native: TRL's default autocast emulates it on an AVX2-only CPU (a GRPO step 209 s against 12)
-                            bf16=auto_dtype() == "bfloat16", seed=0))
+                            save_strategy="no", report_to=[], use_cpu=True, bf16=bf16, seed=0))
         watchdog = flat_reward_stop(args.flat_reward_patience)
         trainer.add_callback(watchdog)
-        before = evaluate(client, trainer.model, tok, args.scenario, held_out) if held_out else {}
         trainer.train()
         after = evaluate(client, trainer.model, tok, args.scenario, held_out) if held_out else {}
     if watchdog.stopped:
@@ -227,12 +278,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{args.scenario}, {budget}, {args.generations} episodes a group; mean episode return per step: "
           f"{', '.join(f'{r:+.3f}' for r in rewards)}; adapter in {args.out}")
     print(f"share of groups with equal rewards (no gradient) per step: {', '.join(f'{f:.2f}' for f in flat)}")
-    for name, ev in (("before", before), ("after", after)):
+    for name, ev in (("before", before), ("after the warm start, before GRPO", warm), ("after", after)):
         if ev:
             print(f"{name} training, greedy on {len(held_out)} held-out seeds: return {ev['return']:+.3f}, "
                   f"pass {ev['pass']:.2f}, CR {ev['CR']:.2f}")
     return {"rewards": rewards, "frac_reward_zero_std": flat, "stopped": watchdog.stopped, "seeds": played, "out": args.out,
-            "before": before, "after": after}
+            "before": before, "warm": warm, "after": after}
 
 
 if __name__ == "__main__":

@@ -61,13 +61,23 @@ def test_document_numbers_come_from_the_records(bench):
     b_a = doc["paired"]["B-A"]["pass"]
     assert b_a["mean"] == pytest.approx(doc["main"]["B"]["pass"]["mean"]) and b_a["lo"] > 0
     assert doc["ratios"]["B/A"]["pass"] is None  # A's pass rate is 0: no ratio, not a made-up number
+    # per tier: the paired PassRate difference on that tier's last-cycle episodes (B the expert, A random, C the oracle)
+    last = per_cycle["B"][max(per_cycle["B"])]
+    for tier in ("L0", "L1"):
+        b = [e for e in last if e.tier == tier]
+        d = doc["paired_by_tier"]["B-A"][tier]
+        assert d["n"] == len(b) and d["mean"] == pytest.approx(sum(bool(e.metrics.passed) for e in b) / len(b))
+        oracle = [e for e in per_cycle["C"][max(per_cycle["C"])] if e.tier == tier]
+        assert doc["paired_by_tier"]["B-C"][tier]["mean"] == pytest.approx(d["mean"] - sum(bool(e.metrics.passed) for e in oracle) / len(b))
+    assert set(doc["paired_by_tier"]) == {"B-A", "B-C"}
     assert set(doc["R"]["B"]["2"]) == {"L0", "L1"} and set(doc["R"]["B"]["1"]) == {"L0"}
     assert set(doc["forgetting"]["B"]) == {"L0"}
     assert doc["unlock_cycles"] == {"L0": 1, "L1": 2}
     assert doc["episodes_per_arm"]["A"] == sum(len(v) for v in per_cycle["A"].values())
     md = markdown(doc)
-    for title in ("Main table", "Hierarchical", "Forgetting", "Closed loop", "Diagnostics"):
+    for title in ("Main table", "PassRate differences by tier", "Hierarchical", "Forgetting", "Closed loop", "Diagnostics"):
         assert f"## {title}" in md
+    assert "PassRate differences by tier" not in markdown({k: v for k, v in doc.items() if k != "paired_by_tier"})  # an older document
 
 
 def test_html_report_renders_in_headless_chromium(bench):

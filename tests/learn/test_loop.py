@@ -312,8 +312,9 @@ def test_loop_on_a_user_scenario_file(tiny_dir, tmp_path, my_lunch):
 
 @slow
 def test_one_cycle_raises_the_chosen_actions_probability(tiny_dir, tmp_path):
-    """The default recipe's sleep (expert labels, reference pairs) and SFT, one cycle on a tiny
-    model: at the states it trained on, the chosen action is more likely after than before."""
+    """The default recipe's sleep (expert labels, reference pairs) and training (the listwise
+    decision on an activated adapter), one cycle on a tiny model: at the states it trained on, the
+    chosen action is more likely after than before."""
     from statistics import fmean
 
     from socialworld.agents.models import load_hf, load_with_adapters

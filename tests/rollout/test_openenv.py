@@ -17,6 +17,7 @@ from socialworld.agents.lm.server import in_background  # noqa: E402
 from socialworld.agents.scripted import ExpertPolicy  # noqa: E402
 from socialworld.rollout.openenv import SocialAction, SocialWorldClient, make_app  # noqa: E402
 from socialworld.rollout.runner import EpisodeJob, run_episodes  # noqa: E402
+from socialworld.world.spec import capped  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +159,27 @@ def _example(name: str):
     return module
 
 
+def test_the_grpo_examples_warm_start_rows_are_the_conversation_it_plays_through_the_server(specs):
+    """examples/grpo_openenv.py's warm start: one row per turn of the expert's episode, its prompt the
+    conversation so far exactly as the example builds it from the server's observations, its
+    completion the expert's own move (``ACTION: <action>``), legal and executed as written."""
+    example = _example("grpo_openenv")
+    rows = example.expert_rows("team_lunch", [5], 3)
+    ep = run_episodes(ExpertPolicy(), [EpisodeJob(capped(specs["team_lunch-v1"], 3), 5)])[0]
+    assert [r["completion"] for r in rows] == [[{"role": "assistant", "content": f"ACTION: {s.action.executed}"}]
+                                               for s in ep.steps]
+    with example.env_server(max_turns=3) as url, _client(url) as env:
+        r = env.reset(seed=5, scenario="team_lunch")
+        chat = list(r.observation.messages)
+        for row in rows:
+            assert row["prompt"] == chat
+            reply = row["completion"][0]["content"]
+            r = env.step(SocialAction(reply=reply))
+            assert r.observation.metadata["parse_status"] == "ok"
+            chat += [{"role": "assistant", "content": reply}, {"role": "user", "content": r.observation.text}]
+        assert r.done
+
+
 @pytest.mark.slow
 def test_the_grpo_example_trains_by_interaction_through_the_server(tiny_dir, tmp_path):
     """examples/grpo_openenv.py: TRL's GRPO whose rollouts are whole episodes played over OpenEnv's
@@ -180,9 +202,17 @@ def test_the_grpo_example_trains_by_interaction_through_the_server(tiny_dir, tmp
         assert all(r.observation.metadata["parse_status"] == "ok" for r in again)
     n = len(ep["completion_ids"])
     assert len(ep["env_mask"]) == len(ep["logprobs"]) == n and 0 < sum(ep["env_mask"]) < n
+    # a warm-start row, as TRL's SFT tokenizes it (prompt and completion through the chat template), is the
+    # tokens play() would put there: the prompt, the ACTION: header, the action as sampled, the turn's close
+    row = example.expert_rows("team_lunch", [5], 2)[0]
+    full = tok(tok.apply_chat_template(row["prompt"] + row["completion"], tokenize=False), add_special_tokens=False)["input_ids"]
+    prompt_ids = tok(tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True),
+                     add_special_tokens=False)["input_ids"]
+    head = tok("ACTION:", add_special_tokens=False)["input_ids"]
+    action = tok(" " + row["completion"][0]["content"].removeprefix("ACTION: "), add_special_tokens=False)["input_ids"]
+    assert full[: len(prompt_ids) + len(head) + len(action)] == prompt_ids + head + action
     assert all(lp == 0.0 for lp, m in zip(ep["logprobs"], ep["env_mask"]) if m == 0)
     assert all(lp < 0.0 for lp, m in zip(ep["logprobs"], ep["env_mask"]) if m == 1)  # trained: a choice among several
-    head = tok("ACTION:", add_special_tokens=False)["input_ids"]
     assert ep["completion_ids"][: len(head)] == head and ep["env_mask"][: len(head)] == [0] * len(head)
     # the temperature divides the logits over the trie's children: far above 1 each choice is uniform
     legal = ["wait()", "end()"]
@@ -194,9 +224,14 @@ def test_the_grpo_example_trains_by_interaction_through_the_server(tiny_dir, tmp
         assert chose[0] == 1
         assert lps[0] == pytest.approx(-math.log(2) if want is None else float(want[first.index(ids[0])]), abs=1e-5)
     out = example.main(["--model", str(tiny_dir), "--seeds", "2", "--steps", "2", "--generations", "2", "--max-turns", "2",
-                        "--eval-seeds", "2", "--temperature", "2", "--out", str(tmp_path / "grpo")])
-    assert len(out["rewards"]) == 2 and (tmp_path / "grpo" / "adapter_config.json").exists()
+                        "--eval-seeds", "2", "--temperature", "2", "--warm-episodes", "0", "--out", str(tmp_path / "grpo")])
+    assert len(out["rewards"]) == 2 and (tmp_path / "grpo" / "adapter_config.json").exists() and out["warm"] == {}
     assert min(out["frac_reward_zero_std"]) < 1.0 and out["stopped"] is None
     assert out["seeds"] == [1000, 1001]  # one seed per group, in turn
     for ev in (out["before"], out["after"]):  # greedy on the held-out seeds, scored by the world's outcome
         assert set(ev) == {"return", "pass", "CR"} and 0.0 <= ev["CR"] <= 1.0 and -1.0 <= ev["return"] <= 1.0
+    # with the warm start: the expert's episodes cloned by SFT, then GRPO trains that adapter on
+    warm = example.main(["--model", str(tiny_dir), "--seeds", "1", "--steps", "1", "--generations", "2", "--max-turns", "2",
+                         "--eval-seeds", "1", "--temperature", "2", "--warm-episodes", "2", "--out", str(tmp_path / "warm")])
+    assert set(warm["warm"]) == {"return", "pass", "CR"} and len(warm["rewards"]) == 1
+    assert (tmp_path / "warm" / "adapter_config.json").exists()

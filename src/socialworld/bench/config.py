@@ -17,30 +17,40 @@ from socialworld.rundir import BENCH_LOOP
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-RECIPE_SLEEP = SleepConfig(reference_pairs="own", wake_chosen="continuation", label_gate="disagree", replay=0.5)
+RECIPE_SLEEP = SleepConfig(reference_pairs="own", wake_chosen="continuation", label_gate="disagree", replay=0.5,
+                           discount=0.9, rollouts=4, template_cap=24)
 """The sleep that teaches (DAgger): the expert's own actions at its states on training seeds, the
 expert's label at every state of the policy's wake where it disagrees, and earlier cycles' pairs
-replayed (up to half as many as this cycle's: no forgetting, without drowning the new tier)."""
+replayed (up to half as many as this cycle's: no forgetting, without drowning the new tier). The
+label is the only target (``values`` off: the imagined values contradicted themselves,
+docs/experiments/2026-11-27-labels-not-values.md); 4 discounted expert continuations per candidate
+pick each reference state's rejected side and its quality; up to 24 pairs per template key (the
+default 6 dropped the repeats of a scenario's equal first states that the expert's 12 reference
+episodes a scenario make)."""
 
 
-RECIPE_TRAIN = TrainConfig(method="sft", steps=130, max_epochs=3.0, batch_size=4, learning_rate=1e-3,
-                           target_modules=ALL_LINEAR, lora_upper=0.5, balance=2)
-"""Behaviour cloning of those labels with TRL's SFTTrainer: LoRA on every linear layer of the upper
-half, lr 1e-3 (what fitted the labels, docs/design.md), each action kind weighted toward the most common one (rows repeated up to twice:
-unweighted, the cloned policy proposes where the expert negotiates or finalizes; up to 4 times, it
-asks, approaches and repairs where the expert proposes), bf16 where native."""
+RECIPE_TRAIN = TrainConfig(method="listwise", activated=True, decision_weight=1.0, steps=400, max_epochs=3.0, batch_size=4,
+                           learning_rate=1e-3, target_modules=ALL_LINEAR, lora_upper=0.5, balance=2)
+"""Those labels learned listwise (``socialworld.learn.listwise``): the action as a choice among the
+state's legal actions (the label's log-probability over the legal set, weight 1) plus the
+likelihood of the BELIEF and SAY lines; an activated adapter (the prompt read by the base model, the
+reply by the adapter: each prompt read once a step without gradient); LoRA on every linear layer
+of the upper half, lr 1e-3 (what fitted the labels, docs/design.md), each action kind weighted
+toward the most common one (rows repeated up to twice), 400 steps a cycle (two passes over cycle
+2's rows: 200 left the last cycles under-fitted), bf16 where native. The first recipe to pass 0.40
+of the main job's last cycle (docs/experiments/2026-11-28-four-hundred-steps.md)."""
 
 
-VALUES_SLEEP = replace(RECIPE_SLEEP, values="imagined", discount=0.9, rollouts=4)
-"""The sleep of the value recipe under study (not a preset: it has not won a probe yet,
-docs/experiments/2026-11-26-listwise-values.md): the default's, and at every labelled state the value of every scored
-candidate (up to ``max_candidates`` legal actions, the label and the taken action), each the mean of 4
-discounted expert continuations in imagined worlds (preferences redrawn to agree with the public
-record: values an observation can support; docs/design.md, "The learning recipe")."""
+VALUES_SLEEP = replace(RECIPE_SLEEP, values="imagined")
+"""The value recipe, studied and not taken (docs/experiments/2026-11-27-labels-not-values.md: equal
+states got different top targets, and a lookahead that followed them passed less than the expert):
+the default's sleep, and at every labelled state the value of every scored candidate (up to
+``max_candidates`` legal actions, the label and the taken action), each the mean of 4 discounted
+expert continuations in imagined worlds (preferences redrawn to agree with the public record)."""
 
-VALUES_TRAIN = replace(RECIPE_TRAIN, method="listwise")
-"""The value recipe's training: the default's LoRA, steps and balancing; the decision fitted listwise to
-soft targets from those values (the label, or a candidate that beats it by ``value_margin``)."""
+VALUES_TRAIN = RECIPE_TRAIN
+"""The value recipe's training: the default's; the decision fitted listwise to soft targets from those
+values (the label, or a candidate that beats it by ``value_margin``)."""
 
 
 @dataclass(frozen=True)
@@ -67,11 +77,11 @@ PRESETS: dict[str, Preset] = {
     # one training step on one row per cycle: does the whole protocol run (its numbers mean little)
     "smoke": Preset(eval_episodes=1, train_episodes=1, train=replace(RECIPE_TRAIN, steps=1, batch_size=1), max_turns=4,
                     scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
-    # the protocol's 45 evaluation episodes per arm, the recipe that learns, within 40 minutes on a
-    # 2-core CPU (measured: see the README)
-    "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=3),
+    # the protocol's 45 evaluation episodes per arm and the recipe that learns: about 75 minutes on a
+    # 2-core CPU with native bf16 (measured: see the README)
+    "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=12),
     # the full budget
-    "paper": Preset(eval_episodes=3, train_episodes=8, reference_episodes=16, train=replace(RECIPE_TRAIN, steps=400),
+    "paper": Preset(eval_episodes=3, train_episodes=8, reference_episodes=16,
                    dialogue_steps=100),
 }
 

@@ -38,7 +38,7 @@ from socialworld.learn.loop import (
     config_doc,
     run_loop,
 )
-from socialworld.metrics.core import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate
+from socialworld.metrics.core import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate, group_by
 from socialworld.metrics.diagnostics import coverage, failure_counts
 from socialworld.metrics.lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
 from socialworld.metrics.stats import PASS, SOLVE, metric_interval, paired_difference
@@ -167,14 +167,18 @@ def _judge_arms(cfg: BenchConfig, run: RunDir, last: dict[str, list[EpisodeRecor
 def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_cycle: dict[str, dict[int, list[EpisodeRecord]]],
                    loop_summaries: Sequence[CycleSummary] = ()) -> dict:
     """Every number of the report, computed from records: per-arm metrics with intervals at the
-    last cycle (the main table), paired B-A and B-C differences, R tables, forgetting, forward
-    transfer and unlock cycles, and the loop's per-cycle training summary."""
+    last cycle (the main table), paired B-A and B-C differences (every metric, and PassRate per
+    tier), R tables, forgetting, forward transfer and unlock cycles, and the loop's per-cycle
+    training summary."""
     kw = {"seed": cfg.seed, "resamples": cfg.resamples}
     last = max(tiers_per_cycle)
     main = {arm: {k: metric_interval(cyc[last], k, **kw).as_dict() for k in MAIN_METRICS} for arm, cyc in per_cycle.items()}
     paired = {f"B-{o}": {k: paired_difference(per_cycle[o][last], per_cycle["B"][last], k, **kw).as_dict() for k in MAIN_METRICS}
               for o in per_cycle if o != "B"}
     ratios = {f"B/{o}": {k: _ratio(main["B"][k]["mean"], main[o][k]["mean"]) for k in MAIN_METRICS} for o in ("A", "C")}
+    b_tiers = group_by(per_cycle["B"][last], "tier")
+    by_tier = {f"B-{o}": {t: paired_difference(group_by(per_cycle[o][last], "tier")[t], eps, PASS, **kw).as_dict()
+                          for t, eps in sorted(b_tiers.items())} for o in ("A", "C")}
     r = {arm: r_table(cyc, **kw) for arm, cyc in per_cycle.items()}
     return {
         "version": BENCH_VERSION,
@@ -187,6 +191,7 @@ def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_
         "episodes_per_arm": {arm: sum(len(v) for v in cyc.values()) for arm, cyc in per_cycle.items()},
         "main": main,
         "paired": paired,
+        "paired_by_tier": by_tier,
         "ratios": ratios,
         "R": {arm: {str(c): {t: iv.as_dict() for t, iv in row.items()} for c, row in tab.items()} for arm, tab in r.items()},
         "forgetting": {arm: forgetting(tab) for arm, tab in r.items()},
@@ -216,10 +221,14 @@ SUITES: dict[str, dict[str, dict]] = {
     # M0 (untrained) is every variant's cycle 0; each entry overrides the full loop's settings
     "methods": {
         # behaviour cloning of the expert's trajectories alone: no DAgger labels, no replay, one track
-        "M1-sft": {"tracks": ("action",), "sleep": {"wake_chosen": "best", "label_gate": "margin", "replay": 0.0}},
-        "M2-grpo": {"train": {"method": "grpo", "steps": 20, "learning_rate": 1e-4}, "tracks": ("action",),
+        # M1 and M3 keep the step budget of the cloning recipe they were written for (an SFT or DPO step
+        # on a plain adapter reads the whole prompt with gradient: about three times an activated step)
+        "M1-sft": {"tracks": ("action",), "train": {"method": "sft", "activated": False, "steps": 130},
+                   "sleep": {"wake_chosen": "best", "label_gate": "margin", "replay": 0.0}},
+        "M2-grpo": {"train": {"method": "grpo", "steps": 20, "learning_rate": 1e-4, "activated": False}, "tracks": ("action",),
                     "sleep": {"gating": "off", "replay": 0.0}},
-        "M3-dpo-trajectory-ungated": {"train": {"method": "dpo", "learning_rate": 1e-4}, "tracks": ("dialogue",),
+        "M3-dpo-trajectory-ungated": {"train": {"method": "dpo", "learning_rate": 1e-4, "activated": False, "steps": 130},
+                                      "tracks": ("dialogue",),
                                       "sleep": {"gating": "off", "replay": 0.0}},
         "M4-full": {},
     },

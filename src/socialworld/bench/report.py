@@ -47,6 +47,14 @@ def main_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def tier_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """B's paired PassRate difference against A and against C on each tier's last-cycle episodes
+    (none for a document written before ``paired_by_tier``)."""
+    by_tier = doc.get("paired_by_tier", {})
+    tiers = sorted({t for d in by_tier.values() for t in d})
+    return ["paired", *tiers], [[name, *(_iv(d.get(t), n=True) for t in tiers)] for name, d in by_tier.items()]
+
+
 def r_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     tiers = sorted({t for tab in doc["R"].values() for row in tab.values() for t in row})
     head = ["arm", "cycle", "unlocked"] + tiers
@@ -96,6 +104,7 @@ def judge_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 
 
 TABLES = (("Main table (last cycle, 95% bootstrap intervals)", main_rows),
+          ("PassRate differences by tier (last cycle, paired, 95% bootstrap intervals)", tier_rows),
           ("Hierarchical pass rates R[cycle][tier]", r_rows),
           ("Forgetting and forward transfer", lifelong_rows),
           ("Closed loop (arm B) per cycle", loop_rows),
@@ -306,6 +315,8 @@ def row_links(name: str, doc: dict) -> list[str | None]:
     if name == "main_rows":
         return ([f"arm={a}&cycle={last}" for a in doc["main"]] + [f"arm=B&cycle={last}" for n in doc["paired"] if n in ("B-A", "B-C")]
                 + [None for _ in doc["ratios"]])
+    if name == "tier_rows":
+        return [f"arm=B&cycle={last}" for _ in doc.get("paired_by_tier", {})]
     if name == "r_rows":
         return [f"arm={a}&cycle={c}" for a, tab in doc["R"].items() for c in tab]
     if name == "lifelong_rows":

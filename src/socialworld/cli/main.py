@@ -483,7 +483,7 @@ def _run_bench(cfg, suite: str = "main") -> None:
     through the lifelong protocol; writes bench.json, report.md and report.html to --out.
     With --suite methods|ablations, every variant under the same protocol and budget."""
     from socialworld.bench.protocol import SUITES, phase_seconds, run_bench, run_suite
-    from socialworld.bench.report import judge_rows, main_rows, r_rows
+    from socialworld.bench.report import judge_rows, main_rows, r_rows, tier_rows
 
     out, judge = cfg.out, cfg.judge
     _run_log(out)
@@ -492,7 +492,8 @@ def _run_bench(cfg, suite: str = "main") -> None:
         _say((Path(out) / suite / "suite.md").read_text())
         return
     result = _with_bars(lambda progress: run_bench(cfg, log=_say, progress=progress))
-    for title, fn in (("main table (last cycle)", main_rows), ("R[cycle][tier]", r_rows),
+    for title, fn in (("main table (last cycle)", main_rows), ("PassRate differences by tier (last cycle, paired)", tier_rows),
+                      ("R[cycle][tier]", r_rows),
                       (f"LM judge {judge} (last cycle, proxy: beside the rule metrics)", judge_rows)):
         head, rows = fn(result.doc)
         if not rows:

@@ -100,7 +100,7 @@ class TrainConfig:
         "at most this many passes over the rows (fewer steps on a small set; 0: steps alone decide)")})
     batch_size: int = field(default=4, metadata={"check": at_least(1), "help": "pairs (or GRPO prompts x generations) per step"})
     balance: int = field(default=0, metadata={"check": at_least(0), "help": (
-        "sft/dpo: repeat each action kind's rows (the kind in the chosen turn's ACTION line) round(rows of the most common kind / "
+        "sft/dpo/listwise: repeat each action kind's rows (the kind in the chosen turn's ACTION line) round(rows of the most common kind / "
         "its rows) times, at most this many (0: the rows as they are); rows without an ACTION line count once")})
     learning_rate: float = field(default=1e-4, metadata={"check": above(0), "help": "AdamW learning rate of the LoRA weights"})
     lora_r: int = field(default=16, metadata={"check": at_least(1), "help": "LoRA rank"})

@@ -27,7 +27,9 @@ gradient and the words were learned three times slower than by cloning; at 0.2 b
 the decision fitted better after the same steps; at cloning's own share (the decision's few branch
 tokens among about 80 of the turn) a tiny model's decision barely moved in 20 steps
 (docs/experiments/2026-11-26-listwise-values.md). A pair without candidates has the support {chosen}
-(and without a legal set its action is learned by likelihood too).
+(and without a legal set its action is learned by likelihood too). The bench's recipe
+(``bench.RECIPE_TRAIN``) sets W = 1 on an activated adapter, with the label as the only target:
+400 steps a cycle fit both terms there (docs/experiments/2026-11-28-four-hundred-steps.md).
 
 One row per state: the prompt and the BELIEF line once, then one block per support candidate
 (its action tokens; chosen's followed by its SAY line), each block attending to the shared prefix
