@@ -12,10 +12,16 @@ rewards were equal, and GRPO had no gradient. The completion is the whole episod
 where the model chose among legal ones are trained (``env_mask`` 1), the observations and forced
 tokens are context. The reward is the episode's return, the sum of the world's step rewards.
 
+``--warm-episodes N`` first clones N of the expert's episodes (TRL's SFT, one row per turn: the
+conversation so far as the prompt, the expert's ``ACTION: <action>`` as the completion; the same
+conversation the server's observations make), and GRPO then trains that adapter on: the untrained
+bundled model's episodes make no progress, so its groups' returns tell nothing about the task.
+
 Why ``rollout_func``, not TRL's ``environment_factory``: that drives an environment through tool
 calls, and the bundled model's chat template has none.
 
     python examples/grpo_openenv.py                          # the bundled SmolLM2, team lunch, 3 turns, 10 steps
+    python examples/grpo_openenv.py --max-turns 0 --warm-episodes 8   # the scenario's 7 turns, from a warm start
     python examples/grpo_openenv.py --url http://127.0.0.1:8001 --scenario book_club --max-turns 6
 """
 
