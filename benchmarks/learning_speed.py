@@ -18,7 +18,7 @@ Run: ``python benchmarks/learning_speed.py`` (about 3 minutes on 2 cores); ``--s
 * values (the ``values`` preset's sleep, ``bench.VALUES_SLEEP``): the value of every scored
   candidate at the same reference states, each the mean of its rollouts in imagined worlds;
   counterfactual evaluations per second = continuations rolled out / wall.
-* listwise (``bench.VALUES_TRAIN`` on a plain adapter): seconds per training step of the listwise
+* listwise (``bench.RECIPE_TRAIN``'s objective on a plain adapter): seconds per training step of the listwise
   objective on those pairs, and rows per minute of it and of cloning (rows = steps x batch).
 * activated: the default recipe (``bench.RECIPE_TRAIN``: the same objective on an activated
   adapter, the prompts read by the base model without gradient, the replies trained) on the
@@ -43,7 +43,7 @@ from pathlib import Path
 from socialworld.agents.lm.prompts import build_messages
 from socialworld.agents.models import auto_dtype, bundled_path, load_hf
 from socialworld.agents.registry import make_lm_policy, make_policy
-from socialworld.bench.config import RECIPE_SLEEP, RECIPE_TRAIN, VALUES_SLEEP, VALUES_TRAIN
+from socialworld.bench.config import RECIPE_SLEEP, RECIPE_TRAIN, VALUES_SLEEP
 from socialworld.learn.loop import train_seeds
 from socialworld.learn.sleep import GatingReport, reference_pairs
 from socialworld.learn.train import compute_dtype, train_adapter
@@ -91,9 +91,10 @@ def main() -> None:
     pairs = [p for e in refs for p in reference_pairs(specs[e.scenario_id], e, RECIPE_SLEEP, GatingReport())]
     row_tokens = [tokens(p.prompt + p.chosen) for p in pairs]
     completion_tokens = [len(tok(p.chosen[0]["content"], add_special_tokens=False)["input_ids"]) for p in pairs]
+    recipe = replace(RECIPE_TRAIN, steps=args.steps, max_epochs=0)
+    cloning = replace(recipe, method="sft", activated=False)
     with tempfile.TemporaryDirectory() as tmp:
-        res = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(RECIPE_TRAIN, method="sft", activated=False, steps=args.steps,
-                                                                                   max_epochs=0), pairs=pairs)
+        res = train_adapter(bundled_path(), Path(tmp) / "adapter", cloning, pairs=pairs)
 
     # the value recipe: every candidate's value at the same states, then the listwise objective on them
     t0 = time.perf_counter()
@@ -101,13 +102,12 @@ def main() -> None:
     values_wall = time.perf_counter() - t0
     continuations = sum(len(p.candidates or ()) for p in valued) * VALUES_SLEEP.rollouts
     with tempfile.TemporaryDirectory() as tmp:
-        lw = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(VALUES_TRAIN, activated=False, steps=args.steps, max_epochs=0),
-                            pairs=valued)
+        lw = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(recipe, activated=False), pairs=valued)
 
     with tempfile.TemporaryDirectory() as tmp:
-        act = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(RECIPE_TRAIN, steps=args.steps, max_epochs=0), pairs=pairs)
+        act = train_adapter(bundled_path(), Path(tmp) / "adapter", recipe, pairs=pairs)
     with tempfile.TemporaryDirectory() as tmp:
-        again = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(RECIPE_TRAIN, steps=args.steps, max_epochs=0, balance=0),
+        again = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(recipe, balance=0),
                               pairs=pairs[: 2 * RECIPE_TRAIN.batch_size])
 
     # decisions: every scenario's first evaluation seed, in one lockstep batch
@@ -132,7 +132,7 @@ def main() -> None:
 
     out = {
         "cpu": cpu(), "torch": torch.__version__,
-        "train": {"recipe": {"method": "sft", "batch_size": RECIPE_TRAIN.batch_size,
+        "train": {"recipe": {"method": cloning.method, "batch_size": RECIPE_TRAIN.batch_size,
                              "lora_upper": RECIPE_TRAIN.lora_upper, "target_modules": list(RECIPE_TRAIN.target_modules)},
                   "dtype": compute_dtype(RECIPE_TRAIN), "rows": len(pairs), "steps": res.steps,
                   "seconds_per_step": res.train_seconds / res.steps,
@@ -142,10 +142,10 @@ def main() -> None:
                    "candidates_per_state": continuations / VALUES_SLEEP.rollouts / max(1, len(valued)),
                    "continuations_per_s": continuations / values_wall, "seconds_per_state": values_wall / max(1, len(valued))},
         "listwise": {"steps": lw.steps, "seconds_per_step": lw.train_seconds / lw.steps,
-                     "rows_per_minute": 60 * lw.steps * VALUES_TRAIN.batch_size / lw.train_seconds,
+                     "rows_per_minute": 60 * lw.steps * RECIPE_TRAIN.batch_size / lw.train_seconds,
                      "sft_rows_per_minute": 60 * res.steps * RECIPE_TRAIN.batch_size / res.train_seconds},
         "activated": {"steps": act.steps, "seconds_per_step": act.train_seconds / act.steps,
-                      "rows_per_minute": 60 * act.steps * VALUES_TRAIN.batch_size / act.train_seconds,
+                      "rows_per_minute": 60 * act.steps * RECIPE_TRAIN.batch_size / act.train_seconds,
                       "seconds_per_step_rows_again": again.train_seconds / again.steps},
         "decode": {"dtype": auto_dtype(), "episodes": len(eps), "decisions": len(steps), "lm_batch": args.lm_batch,
                    "seconds_per_decision": wall / len(steps), "prompt_tokens_per_decision": prompt / len(steps),

@@ -345,11 +345,11 @@ def test_one_listwise_cycle_raises_the_higher_valued_candidates(tiny_dir, tmp_pa
     from statistics import fmean
 
     from socialworld.agents.models import load_hf, load_with_adapters
-    from socialworld.bench.config import VALUES_SLEEP, VALUES_TRAIN
+    from socialworld.bench.config import RECIPE_TRAIN, VALUES_SLEEP
     from socialworld.learn.listwise import candidate_logprobs, targets
     from socialworld.learn.sleep import read_pairs
 
-    train = replace(VALUES_TRAIN, steps=30, learning_rate=1e-2, max_length=1024)
+    train = replace(RECIPE_TRAIN, steps=30, learning_rate=1e-2, max_length=1024)
     cfg = LoopConfig(out=str(tmp_path / "r"), model=str(tiny_dir), cycles=1, tiers=("L0",), train_episodes=1, reference_episodes=2,
                      eval_episodes=1, lm_batch_size=8, baseline=False, tracks=("action",),
                      sleep=replace(VALUES_SLEEP, rollouts=2, horizon=3, max_candidates=4), train=train)

@@ -46,11 +46,9 @@ VALUES_SLEEP = replace(RECIPE_SLEEP, values="imagined")
 states got different top targets, and a lookahead that followed them passed less than the expert):
 the default's sleep, and at every labelled state the value of every scored candidate (up to
 ``max_candidates`` legal actions, the label and the taken action), each the mean of 4 discounted
-expert continuations in imagined worlds (preferences redrawn to agree with the public record)."""
-
-VALUES_TRAIN = RECIPE_TRAIN
-"""The value recipe's training: the default's; the decision fitted listwise to soft targets from those
-values (the label, or a candidate that beats it by ``value_margin``)."""
+expert continuations in imagined worlds (preferences redrawn to agree with the public record).
+Trained with ``RECIPE_TRAIN``, whose listwise decision then fits soft targets from those values (the
+label, or a candidate that beats it by ``value_margin``)."""
 
 
 @dataclass(frozen=True)

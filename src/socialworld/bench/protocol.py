@@ -176,9 +176,9 @@ def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_
     paired = {f"B-{o}": {k: paired_difference(per_cycle[o][last], per_cycle["B"][last], k, **kw).as_dict() for k in MAIN_METRICS}
               for o in per_cycle if o != "B"}
     ratios = {f"B/{o}": {k: _ratio(main["B"][k]["mean"], main[o][k]["mean"]) for k in MAIN_METRICS} for o in ("A", "C")}
-    b_tiers = group_by(per_cycle["B"][last], "tier")
-    by_tier = {f"B-{o}": {t: paired_difference(group_by(per_cycle[o][last], "tier")[t], eps, PASS, **kw).as_dict()
-                          for t, eps in sorted(b_tiers.items())} for o in ("A", "C")}
+    tiers = {arm: group_by(per_cycle[arm][last], "tier") for arm in ("A", "B", "C")}
+    by_tier = {f"B-{o}": {t: paired_difference(tiers[o][t], eps, PASS, **kw).as_dict() for t, eps in sorted(tiers["B"].items())}
+               for o in ("A", "C")}
     r = {arm: r_table(cyc, **kw) for arm, cyc in per_cycle.items()}
     return {
         "version": BENCH_VERSION,
