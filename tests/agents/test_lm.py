@@ -974,3 +974,46 @@ def test_the_first_use_of_the_bundled_model_says_what_it_does(tmp_path, monkeypa
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "converting the bundled model" in lines[0] and str(path) in lines[0] and " MB " in lines[0]
     assert bundled_path() == path and capfd.readouterr().err == ""
+
+
+def test_merged_adapters_decode_as_the_mixed_forward(specs, tiny_dir, tmp_path):
+    """Merged weights (the decoder's default) write what PEFT's mixed-adapter forward writes (fp32:
+    the same tokens); the base weights are back afterwards, and an in-place change of an adapter's
+    weights is merged again at the next decode."""
+    import torch
+
+    peft = pytest.importorskip("peft")
+    from socialworld.agents.lm.constrained import MergedAdapters
+    from socialworld.learn.train import assistant_header
+
+    base, tok = load_hf(tiny_dir, dtype="float32")
+    for name, seed, inv in (("act", 1, assistant_header(tok)), ("talk", 2, None)):
+        torch.manual_seed(seed)
+        cfg = peft.LoraConfig(r=4, lora_alpha=512, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False,
+                              alora_invocation_tokens=inv, task_type="CAUSAL_LM")
+        peft.get_peft_model(load_hf(tiny_dir, dtype="float32")[0], cfg).save_pretrained(tmp_path / name)
+    model = peft.PeftModel.from_pretrained(base, str(tmp_path / "act"), adapter_name="act")
+    model.load_adapter(str(tmp_path / "talk"), adapter_name="talk")
+    model.eval()
+    convs = [build_messages(_obs(specs, sid, steps=k)) for k, sid in enumerate(list(specs)[:4])]
+    prompts = HFBackend(model, tok, name="t").prompts(convs)
+    opts = ("alpha", "beta", "gamma", "delta")
+    prog = [Forced("X:"), Choice("a", opts, adapter="act"), Forced(" say:"), Free("s", 6, adapter="talk")]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    lora = [m for m in model.modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
+    assert lora and not any(m.disable_adapters for m in lora)
+    merged = MergedAdapters()
+    assert merged.supports(model) and not merged.supports(load_hf(tiny_dir, dtype="float32")[0])
+    fast = decode(model, tok, prompts, [prog] * 4, batch_size=4, merged=merged)
+    said = [r.values["s"] for r in fast]
+    slow = decode(model, tok, prompts, [prog] * 4, batch_size=4, merge=False)
+    assert [r.text for r in fast] == [r.text for r in slow]
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # nothing left swapped in
+    assert not any(m.disable_adapters for m in lora)  # the adapters are enabled again
+    with torch.no_grad():  # an optimizer step's in-place change: merged again, as the mixed forward sees it
+        for n, p in model.named_parameters():
+            if "lora_B.talk" in n:
+                p.mul_(-3)
+    fast = decode(model, tok, prompts, [prog] * 4, batch_size=4, merged=merged)
+    slow = decode(model, tok, prompts, [prog] * 4, batch_size=4, merge=False)
+    assert [r.text for r in fast] == [r.text for r in slow] and [r.values["s"] for r in fast] != said

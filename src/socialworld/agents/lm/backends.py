@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-from socialworld.agents.lm.constrained import PrefixCache, program_regex
+from socialworld.agents.lm.constrained import MergedAdapters, PrefixCache, program_regex
 
 Messages = list[dict[str, str]]
 
@@ -55,6 +55,8 @@ class HFBackend:
     decoding: dict[str, Any] = field(default_factory=dict)
     prefix_cache: PrefixCache = field(default_factory=PrefixCache)
     """KV states of system prompts; clear it (``prefix_cache.clear()``) if the weights change"""
+    merged: MergedAdapters = field(default_factory=MergedAdapters)
+    """a PEFT model's adapters merged for decoding (recomputed by itself when the weights change)"""
     local = True
 
     def __post_init__(self) -> None:
@@ -103,7 +105,7 @@ class HFBackend:
         systems = [self.tokenizer.apply_chat_template(c[:1], tokenize=False) if c and c[0]["role"] == "system" else ""
                    for c in conversations]
         rows = decode(self.model, self.tokenizer, self.prompts(conversations), programs, self.batch_size,
-                      prefixes=systems, prefix_cache=self.prefix_cache)
+                      prefixes=systems, prefix_cache=self.prefix_cache, merged=self.merged)
         return [Completion(r.text, r.tokens_in, r.tokens_out, r.latency_s) for r in rows]
 
 

@@ -23,6 +23,16 @@ Where a row's first adapter is *activated* (PEFT's aLoRA: ``alora_invocation_tok
 prompt up to the last invocation (the chat template's assistant header) is prefilled under the
 base model, as PEFT's own generation does and as the adapter was trained
 (:mod:`socialworld.learn.listwise`); everything after runs under the segments' adapters.
+
+With :class:`MergedAdapters` (the local backend keeps one), a PEFT model's LoRA layers decode
+through merged weights instead: each adapter's ``W + delta`` (PEFT's ``get_delta_weight``) computed
+once per weight state and swapped into the base layers, the adapters disabled. A forward pass then
+runs one adapter, so rows under different adapters take turns (the rows of the earliest segment
+first: every row chooses its action, then all write their words together). PEFT's mixed-adapter
+forward was about 40% of a decoding pass of the bundled model with two adapters on the upper
+half's linear layers (benchmarks/decode_speed.py); merged weights round ``W + delta`` to the
+model's dtype once, where the unmerged path adds the adapter's output in it, so a bf16 decode
+can pick another token where two were within rounding of each other.
 """
 
 from __future__ import annotations
@@ -30,8 +40,9 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 
 @dataclass(frozen=True)
@@ -326,22 +337,101 @@ class PrefixCache:
         self._kv.clear()
 
 
+BASE = "__base__"
+"""the group of rows a forward pass runs under the base model (every adapter disabled)"""
+
+
+class MergedAdapters:
+    """Each PEFT adapter of a model merged into copies of its LoRA layers' base weights, kept while
+    the weights they came from are unchanged (every weight's identity and in-place version is the
+    key: an optimizer step or a reloaded adapter recomputes them). In a :meth:`session` the model
+    runs under one adapter at a time, or under :data:`BASE`, with plain layers. Only for models whose LoRA layers are all
+    linear (:meth:`supports`); the decoder falls back to PEFT's mixed-adapter forward otherwise."""
+
+    def __init__(self) -> None:
+        self._merged: dict[str, tuple[tuple[Any, ...], dict[Any, Any]]] = {}
+
+    @staticmethod
+    def _layers(model: Any) -> list[Any]:
+        from peft.tuners.lora import LoraLayer
+
+        return [m for m in model.modules() if isinstance(m, LoraLayer)]
+
+    def supports(self, model: Any) -> bool:
+        """Whether ``model`` is a PEFT model whose LoRA layers are all ``nn.Linear`` ones."""
+        if not hasattr(model, "peft_config") or not hasattr(model, "disable_adapter"):
+            return False
+        import torch
+        from peft.tuners.lora import Linear
+
+        layers = self._layers(model)
+        return bool(layers) and all(isinstance(m, Linear) and isinstance(m.base_layer, torch.nn.Linear) for m in layers)
+
+    def _weights(self, model: Any, adapter: str) -> dict[Any, Any]:
+        import torch
+
+        layers = [m for m in self._layers(model) if adapter in m.lora_A]
+        if not layers and adapter not in getattr(model, "peft_config", {}):
+            raise KeyError(f"no adapter {adapter!r} in the model")
+        key = tuple((id(t), t._version) for m in layers
+                    for t in (m.base_layer.weight, m.lora_A[adapter].weight, m.lora_B[adapter].weight))
+        got = self._merged.get(adapter)
+        if got is None or got[0] != key:
+            with torch.inference_mode(False), torch.no_grad():  # weights that outlive a decoder's inference block
+                w = {m: torch.nn.Parameter((m.base_layer.weight.float() + m.get_delta_weight(adapter).float())
+                                           .to(m.base_layer.weight.dtype), requires_grad=False) for m in layers}
+            got = self._merged[adapter] = (key, w)
+        return got[1]
+
+    @contextmanager
+    def session(self, model: Any) -> Iterator[Callable[[str], None]]:
+        """A block in which ``model``'s adapters are disabled and ``switch(adapter)`` puts that
+        adapter's merged weights in place (:data:`BASE`: the base model's); on leaving, the base
+        weights are back and the adapters enabled. (PEFT's ``disable_adapter`` walks every module:
+        entered once per decoded batch, not once per pass.)"""
+        original: dict[Any, Any] = {}
+        now = [BASE]
+
+        def switch(adapter: str) -> None:
+            if adapter == now[0]:
+                return
+            for m, w in original.items():  # the base weights back first: merges start from them
+                m.base_layer.weight = w
+            original.clear()
+            for m, w in ({} if adapter == BASE else self._weights(model, adapter)).items():
+                original[m] = m.base_layer.weight
+                m.base_layer.weight = w
+            now[0] = adapter
+
+        with model.disable_adapter():
+            try:
+                yield switch
+            finally:
+                switch(BASE)
+
+
 def decode(model: Any, tokenizer: Any, prompts: Sequence[str], programs: Sequence[Sequence[Segment]],
            batch_size: int = 16, prefixes: Sequence[str] | None = None,
-           prefix_cache: PrefixCache | None = None) -> list[Decoded]:
+           prefix_cache: PrefixCache | None = None, merged: MergedAdapters | None = None,
+           merge: bool = True) -> list[Decoded]:
     """Decode each prompt under its program (greedy, constrained); batched in chunks of rows of
     similar prompt and program length (less padding), results in input order.
 
     ``prefixes[i]``, when given, is a prefix of ``prompts[i]`` (e.g. the system message) whose KV
     state is computed once and kept in ``prefix_cache``; without them each chunk shares the
-    longest common token prefix of its prompts."""
+    longest common token prefix of its prompts. ``merged``: a PEFT model's adapters decode
+    through merged weights kept there (:class:`MergedAdapters`; a new one each call when not
+    given); a model it does not support, or ``merge=False``, decodes through PEFT's mixed-adapter
+    forward (the adapters' outputs added unmerged, as in training)."""
     order = sorted(range(len(prompts)), key=lambda i: (len(programs[i]), len(prompts[i])))
     cache = prefix_cache if prefix_cache is not None else PrefixCache()
+    merged = merged if merged is not None else MergedAdapters()
+    merged_or_none = merged if merge and merged.supports(model) else None
     out: dict[int, Decoded] = {}
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         rows = _decode_chunk(model, tokenizer, [prompts[i] for i in idx], [programs[i] for i in idx],
-                             None if prefixes is None else [prefixes[i] for i in idx], cache)
+                             None if prefixes is None else [prefixes[i] for i in idx], cache, merged_or_none)
         out.update(zip(idx, rows))
     return [out[i] for i in range(len(prompts))]
 
@@ -395,7 +485,8 @@ class _Cache:
 
 
 def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: Sequence[Sequence[Segment]],
-                  prefixes: Sequence[str] | None, prefix_cache: PrefixCache) -> list[Decoded]:
+                  prefixes: Sequence[str] | None, prefix_cache: PrefixCache,
+                  merged: MergedAdapters | None = None) -> list[Decoded]:
     import torch
 
     t0 = time.perf_counter()
@@ -423,14 +514,17 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
     rows = [eng.row(prog, e[len(p) :]) for prog, e, p in zip(programs, enc, pre)]
     B = len(rows)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    with torch.inference_mode():
+    with torch.inference_mode(), ExitStack() as stack:
         N = max(len(p) for p in pre)
         cache = _Cache(model, B, N + max(len(e) - len(p) for e, p in zip(enc, pre))
                        + 3 * max(_completion_bound(r) for r in rows) // 2 + 16)  # rows drift apart: headroom
         def adapter(r: _Row) -> str:
-            return (getattr(r.program[r.seg], "adapter", None) if r.seg < len(r.program) else None) or "__base__"
+            return (getattr(r.program[r.seg], "adapter", None) if r.seg < len(r.program) else None) or BASE
 
-        first = ["__base__" if inv is not None else adapter(r) if mixed else None for r, inv in zip(rows, invs)]
+        def group(r: _Row) -> str:  # the adapter a forward pass for row r's pending tokens runs under
+            return adapter(r) if mixed else active or BASE
+
+        first = [BASE if inv is not None else adapter(r) if mixed else None for r, inv in zip(rows, invs)]
         if N:
             kvs = {(a, p): prefix_cache.get(model, p, a) for a, p in zip(first, pre) if p}
             layers = []
@@ -455,15 +549,20 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
         if base_pass:
             for r, x, inv in zip(rows, rest, invs):
                 r.pending = r.pending[: len(r.pending) - len(x)] if inv is not None else []
+        switch = stack.enter_context(merged.session(model)) if merged is not None else None
         while True:
-            lens = [len(r.pending) for r in rows]
+            run = BASE if base_pass else None
+            if switch is not None and not base_pass:  # one adapter a pass: the rows of the earliest segment first
+                waiting = [r for r in rows if r.pending]
+                run = group(min(waiting, key=lambda r: r.seg)) if waiting else BASE
+            lens = [len(r.pending) if run is None or base_pass or group(r) == run else 0 for r in rows]
             width = max(lens)
             if width == 0:
                 break
             ids = torch.full((B, width), pad, dtype=torch.long)
             step_mask = torch.zeros((B, width), dtype=torch.long)
             for b, r in enumerate(rows):
-                if r.pending:
+                if lens[b]:
                     ids[b, : lens[b]] = torch.tensor(r.pending)
                     step_mask[b, : lens[b]] = 1
             ids, step_mask = ids.to(dev), step_mask.to(dev)  # built on the host, moved once per step
@@ -472,12 +571,18 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
             cache.mask[:, cache.used : cache.used + width] = step_mask
             cache.used += width
             keep = sorted({n_b - 1 for n_b in lens if n_b})  # only the positions whose logits are read
-            names = ["__base__"] * B if base_pass else [adapter(r) for r in rows] if mixed else None
-            o = model(input_ids=ids, attention_mask=cache.mask, position_ids=pos, past_key_values=cache.kv,
-                      use_cache=True, logits_to_keep=torch.tensor(keep, device=dev),
-                      **({"adapter_names": names} if names is not None else {}),
-                      # past its invocation an activated adapter acts on every token fed
-                      **({"alora_offsets": [width] * B} if activated and not base_pass else {}))
+            if switch is not None:
+                assert run is not None
+                switch(run)
+                o = model(input_ids=ids, attention_mask=cache.mask, position_ids=pos, past_key_values=cache.kv,
+                          use_cache=True, logits_to_keep=torch.tensor(keep, device=dev))
+            else:
+                names = [BASE] * B if base_pass else [adapter(r) for r in rows] if mixed else None
+                o = model(input_ids=ids, attention_mask=cache.mask, position_ids=pos, past_key_values=cache.kv,
+                          use_cache=True, logits_to_keep=torch.tensor(keep, device=dev),
+                          **({"adapter_names": names} if names is not None else {}),
+                          # past its invocation an activated adapter acts on every token fed
+                          **({"alora_offsets": [width] * B} if activated and not base_pass else {}))
             logits = o.logits.float().cpu()  # the grammar reads a few entries per row: one copy per step
             next_pos += torch.tensor(lens, device=dev)
             if base_pass:  # the tails are in the cache: on with the rows' own tokens

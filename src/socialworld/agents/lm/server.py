@@ -199,6 +199,10 @@ class HFGenerate:
         """the server's own sampling stream (CPU RNG state) for unseeded requests: drawn from the OS's
         entropy at the first one and carried from request to request, so unseeded samples differ while
         torch's global generator is left as it was (a seeded request samples from its seed alone)"""
+        from socialworld.agents.lm.constrained import MergedAdapters
+
+        self._merged = MergedAdapters()
+        """a served PEFT model's adapters merged for constrained decoding, kept between requests"""
         self._tok_lock = threading.Lock()
         """a fast tokenizer is not safe across threads ("Already borrowed"): the event loop counts
         prompts while the worker thread encodes and decodes a batch"""
@@ -300,7 +304,7 @@ class HFGenerate:
 
         with self._tok_lock:
             rows = decode(self.model, self.tokenizer, [j.prompt for j in jobs], [list(j.program or ()) for j in jobs],
-                          batch_size=len(jobs))
+                          batch_size=len(jobs), merged=self._merged)
         out = []
         for job, r in zip(jobs, rows):
             text, _ = cut_at_stop(r.text, job.stops)
