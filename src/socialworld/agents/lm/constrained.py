@@ -29,10 +29,12 @@ through merged weights instead: each adapter's ``W + delta`` (PEFT's ``get_delta
 once per weight state and swapped into the base layers, the adapters disabled. A forward pass then
 runs one adapter, so rows under different adapters take turns (the rows of the earliest segment
 first: every row chooses its action, then all write their words together). PEFT's mixed-adapter
-forward was about 40% of a decoding pass of the bundled model with two adapters on the upper
-half's linear layers (benchmarks/decode_speed.py); merged weights round ``W + delta`` to the
-model's dtype once, where the unmerged path adds the adapter's output in it, so a bf16 decode
-can pick another token where two were within rounding of each other.
+forward (each LoRA layer run per adapter, every module walked per pass to set its hooks) made the
+last cycle's evaluation 1.3x slower (benchmarks/decode_speed.py,
+docs/experiments/2026-11-28-merged-decoding.md); merged weights round ``W + delta`` to the model's
+dtype once, where the unmerged path adds the adapter's output in it, so a bf16 decode can pick
+another token where two were within rounding of each other (``merge=False`` in :func:`decode`
+keeps the unmerged path).
 """
 
 from __future__ import annotations
@@ -345,8 +347,9 @@ class MergedAdapters:
     """Each PEFT adapter of a model merged into copies of its LoRA layers' base weights, kept while
     the weights they came from are unchanged (every weight's identity and in-place version is the
     key: an optimizer step or a reloaded adapter recomputes them). In a :meth:`session` the model
-    runs under one adapter at a time, or under :data:`BASE`, with plain layers. Only for models whose LoRA layers are all
-    linear (:meth:`supports`); the decoder falls back to PEFT's mixed-adapter forward otherwise."""
+    runs under one adapter at a time, or under :data:`BASE`, with plain layers. Only for models
+    whose LoRA layers are all linear (:meth:`supports`); the decoder falls back to PEFT's
+    mixed-adapter forward otherwise."""
 
     def __init__(self) -> None:
         self._merged: dict[str, tuple[tuple[Any, ...], dict[Any, Any]]] = {}
