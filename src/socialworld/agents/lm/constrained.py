@@ -30,7 +30,7 @@ once per weight state and swapped into the base layers, the adapters disabled. A
 runs one adapter, so rows under different adapters take turns (the rows of the earliest segment
 first: every row chooses its action, then all write their words together). PEFT's mixed-adapter
 forward (each LoRA layer run per adapter, every module walked per pass to set its hooks) made the
-last cycle's evaluation 1.3x slower (benchmarks/decode_speed.py,
+last cycle's evaluation 1.14x slower, its L2 episodes' 1.3x (benchmarks/decode_speed.py,
 docs/experiments/2026-11-28-merged-decoding.md); merged weights round ``W + delta`` to the model's
 dtype once, where the unmerged path adds the adapter's output in it, so a bf16 decode can pick
 another token where two were within rounding of each other (``merge=False`` in :func:`decode`
