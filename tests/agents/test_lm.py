@@ -479,18 +479,16 @@ def test_mixed_adapter_batches(specs, tiny_dir, tmp_path):
     assert [r.values["s"] for r in mixed] != [r.values["s"] for r in same]  # the free text under "b" differs
 
 
-def test_an_activated_adapter_decodes_as_peft_runs_it(specs, tiny_dir, tmp_path):
-    """An activated adapter (PEFT's aLoRA, invoked by the assistant header) beside a plain one:
-    each constrained choice is the argmax of PEFT's own forward over prompt + text so far (the
-    prompt before the header under the base model), alone or batched, with the system prefix cached."""
+def _act_and_talk(tiny_dir, tmp_path):
+    """The tiny model (fp32) with two random LoRA adapters loaded for inference: ``act``, activated by
+    the assistant header (PEFT's aLoRA), and ``talk``, a plain one. Returns (model, tokenizer)."""
     import torch
 
     peft = pytest.importorskip("peft")
     from socialworld.learn.train import assistant_header
 
     base, tok = load_hf(tiny_dir, dtype="float32")
-    header = assistant_header(tok)
-    for name, seed, inv in (("act", 1, header), ("talk", 2, None)):
+    for name, seed, inv in (("act", 1, assistant_header(tok)), ("talk", 2, None)):
         torch.manual_seed(seed)
         cfg = peft.LoraConfig(r=4, lora_alpha=512, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False,
                               alora_invocation_tokens=inv, task_type="CAUSAL_LM")
@@ -498,6 +496,16 @@ def test_an_activated_adapter_decodes_as_peft_runs_it(specs, tiny_dir, tmp_path)
     model = peft.PeftModel.from_pretrained(base, str(tmp_path / "act"), adapter_name="act")
     model.load_adapter(str(tmp_path / "talk"), adapter_name="talk")
     model.eval()
+    return model, tok
+
+
+def test_an_activated_adapter_decodes_as_peft_runs_it(specs, tiny_dir, tmp_path):
+    """An activated adapter (PEFT's aLoRA, invoked by the assistant header) beside a plain one:
+    each constrained choice is the argmax of PEFT's own forward over prompt + text so far (the
+    prompt before the header under the base model), alone or batched, with the system prefix cached."""
+    import torch
+
+    model, tok = _act_and_talk(tiny_dir, tmp_path)
     backend = HFBackend(model, tok, name="t")
     convs = [build_messages(_obs(specs, sid, steps=k)) for k, sid in enumerate(list(specs)[:4])]
     prompts = backend.prompts(convs)
@@ -984,17 +992,8 @@ def test_merged_adapters_decode_as_the_mixed_forward(specs, tiny_dir, tmp_path):
 
     peft = pytest.importorskip("peft")
     from socialworld.agents.lm.constrained import MergedAdapters
-    from socialworld.learn.train import assistant_header
 
-    base, tok = load_hf(tiny_dir, dtype="float32")
-    for name, seed, inv in (("act", 1, assistant_header(tok)), ("talk", 2, None)):
-        torch.manual_seed(seed)
-        cfg = peft.LoraConfig(r=4, lora_alpha=512, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False,
-                              alora_invocation_tokens=inv, task_type="CAUSAL_LM")
-        peft.get_peft_model(load_hf(tiny_dir, dtype="float32")[0], cfg).save_pretrained(tmp_path / name)
-    model = peft.PeftModel.from_pretrained(base, str(tmp_path / "act"), adapter_name="act")
-    model.load_adapter(str(tmp_path / "talk"), adapter_name="talk")
-    model.eval()
+    model, tok = _act_and_talk(tiny_dir, tmp_path)
     convs = [build_messages(_obs(specs, sid, steps=k)) for k, sid in enumerate(list(specs)[:4])]
     prompts = HFBackend(model, tok, name="t").prompts(convs)
     opts = ("alpha", "beta", "gamma", "delta")

@@ -393,10 +393,11 @@ class MergedAdapters:
         weights are back and the adapters enabled. (PEFT's ``disable_adapter`` walks every module:
         entered once per decoded batch, not once per pass.)"""
         original: dict[Any, Any] = {}
-        now = [BASE]
+        now = BASE
 
         def switch(adapter: str) -> None:
-            if adapter == now[0]:
+            nonlocal now
+            if adapter == now:
                 return
             for m, w in original.items():  # the base weights back first: merges start from them
                 m.base_layer.weight = w
@@ -404,7 +405,7 @@ class MergedAdapters:
             for m, w in ({} if adapter == BASE else self._weights(model, adapter)).items():
                 original[m] = m.base_layer.weight
                 m.base_layer.weight = w
-            now[0] = adapter
+            now = adapter
 
         with model.disable_adapter():
             try:
