@@ -12,16 +12,17 @@ rewards were equal, and GRPO had no gradient. The completion is the whole episod
 where the model chose among legal ones are trained (``env_mask`` 1), the observations and forced
 tokens are context. The reward is the episode's return, the sum of the world's step rewards.
 
-``--warm-episodes N`` first clones N of the expert's episodes (TRL's SFT, one row per turn: the
-conversation so far as the prompt, the expert's ``ACTION: <action>`` as the completion; the same
-conversation the server's observations make), and GRPO then trains that adapter on: the untrained
-bundled model's episodes make no progress, so its groups' returns tell nothing about the task.
+``--warm-episodes N`` first clones N of the expert's episodes (TRL's SFT, one row per episode: the
+tokens this example makes of the episode, the replies' ``ACTION: <action>`` the completion mask, so
+every turn is trained in one sequence; the same conversation the server's observations make), and
+GRPO then trains that adapter on: the untrained bundled model's episodes make no progress, so its
+groups' returns tell nothing about the task.
 
 Why ``rollout_func``, not TRL's ``environment_factory``: that drives an environment through tool
 calls, and the bundled model's chat template has none.
 
-    python examples/grpo_openenv.py                          # the bundled SmolLM2, team lunch, 3 turns, 10 steps
-    python examples/grpo_openenv.py --max-turns 0 --warm-episodes 8   # the scenario's 7 turns, from a warm start
+    python examples/grpo_openenv.py                          # the bundled SmolLM2, team lunch's 7 turns, 8 expert episodes cloned, 10 GRPO steps
+    python examples/grpo_openenv.py --max-turns 3 --warm-episodes 0   # 3 turns, from the untrained model
     python examples/grpo_openenv.py --url http://127.0.0.1:8001 --scenario book_club --max-turns 6
 """
 
@@ -73,59 +74,97 @@ def sample_action(model: Any, tok: Any, context: list[int], legal: list[str], ge
     return out, logps, chose
 
 
-def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any, temperature: float = 1.0) -> dict[str, Any]:
-    """One episode through ``client``: the prompt's tokens, the completion's (each reply as sampled,
-    closed as the chat template closes a turn, then the next observation as the template opens a
-    user turn and the assistant's reply), the tokens the model chose among several (``env_mask`` 1:
-    the only ones trained; the ``ACTION:`` header, a token the trie forced, the template's tokens and
-    the observations have probability 1 under the sampling policy or are not the model's), their
-    sampling log-probabilities (0 for the others), the episode's return and its replies."""
-    from socialworld.rollout.openenv import SocialAction
+class Transcript:
+    """An episode as the tokens GRPO trains on: the first observation's chat as the prompt, then per
+    turn the reply ``ACTION: <action>`` closed as the chat template closes a turn, then the next
+    observation as the template opens a user turn and the assistant's reply. ``mask`` is GRPO's
+    ``env_mask`` (1 where the model chose among several tokens: the only ones trained; the
+    ``ACTION:`` header, a token the trie forced, the template's tokens and the observations have
+    probability 1 under the sampling policy or are not the model's), ``logps`` their sampling
+    log-probabilities (0 for the others), ``replied`` 1 on each reply's header and action (what the
+    warm start clones)."""
 
-    def render(messages: list[dict[str, str]], prompt: bool) -> list[int]:
-        return tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt), add_special_tokens=False)["input_ids"]
+    def __init__(self, tok: Any, messages: list[dict[str, str]]) -> None:
+        self.tok = tok
+        self.chat = list(messages)
+        self.prompt_ids = self._render(self.chat, True)
+        self.head = tok("ACTION:", add_special_tokens=False)["input_ids"]
+        probe = tok("x", add_special_tokens=False)["input_ids"]
+        # e.g. <|im_end|>\n
+        self.close = self._after(self._after(self._render(self.chat + [{"role": "assistant", "content": "x"}], False),
+                                             self.prompt_ids), probe)
+        self.ids: list[int] = []
+        self.mask: list[int] = []
+        self.logps: list[float] = []
+        self.replied: list[int] = []
+        self.replies: list[str] = []
 
-    def after(longer: list[int], shorter: list[int]) -> list[int]:
+    def _render(self, messages: list[dict[str, str]], prompt: bool) -> list[int]:
+        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    @staticmethod
+    def _after(longer: list[int], shorter: list[int]) -> list[int]:
         if longer[: len(shorter)] != shorter:
             raise ValueError("the chat template renders a conversation's turns as other tokens than its start: use another model")
         return longer[len(shorter):]
 
+    def context(self) -> list[int]:
+        """The tokens the model reads before it writes the next action: everything so far and the header."""
+        return self.prompt_ids + self.ids + self.head
+
+    def reply(self, action: list[int], logps: list[float], chose: list[int]) -> str:
+        """Append the reply whose action is the tokens ``action`` (``logps``, ``chose``: as
+        :func:`sample_action` gives them); returns its text."""
+        reply = "ACTION:" + self.tok.decode(action)
+        n = len(self.head)
+        self.ids += self.head + action + self.close
+        self.mask += [0] * n + chose + [0] * len(self.close)
+        self.logps += [0.0] * n + [lp * c for lp, c in zip(logps, chose)] + [0.0] * len(self.close)
+        self.replied += [1] * (n + len(action)) + [0] * len(self.close)
+        self.chat.append({"role": "assistant", "content": reply})
+        self.replies.append(reply)
+        return reply
+
+    def observe(self, text: str) -> None:
+        """Append the next observation as the world's user turn."""
+        so_far = self._render(self.chat, False)
+        self.chat.append({"role": "user", "content": text})
+        obs = self._after(self._render(self.chat, True), so_far)
+        self.ids += obs
+        self.mask += [0] * len(obs)
+        self.logps += [0.0] * len(obs)
+        self.replied += [0] * len(obs)
+
+
+def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any, temperature: float = 1.0,
+         choose: Any = None) -> dict[str, Any]:
+    """One episode through ``client`` as a :class:`Transcript`: the prompt's tokens, the completion's,
+    ``env_mask``, the sampling log-probabilities, the episode's return, its replies and outcome.
+    Each action is :func:`sample_action`'s from ``model``, or ``choose(context, legal)``'s where given
+    (the same triple: tokens, log-probabilities, chose)."""
+    from socialworld.rollout.openenv import SocialAction
+
     r = client.reset(seed=seed, scenario=scenario)
-    chat = list(r.observation.messages)
-    prompt_ids = render(chat, True)
-    head = tok("ACTION:", add_special_tokens=False)["input_ids"]
-    probe = tok("x", add_special_tokens=False)["input_ids"]
-    close = after(after(render(chat + [{"role": "assistant", "content": "x"}], False), prompt_ids), probe)  # e.g. <|im_end|>\n
-    ids: list[int] = []
-    replies: list[str] = []
-    mask: list[int] = []
-    logps: list[float] = []
+    t = Transcript(tok, r.observation.messages)
     total = 0.0
     while not r.done:
-        action, lps, chose = sample_action(model, tok, prompt_ids + ids + head, r.observation.legal_actions, gen, temperature)
-        reply = "ACTION:" + tok.decode(action)
-        r = client.step(SocialAction(reply=reply))
-        replies.append(reply)
+        legal = r.observation.legal_actions
+        picked = choose(t.context(), legal) if choose is not None else sample_action(model, tok, t.context(), legal, gen, temperature)
+        r = client.step(SocialAction(reply=t.reply(*picked)))
         total += float(r.reward or 0.0)
-        ids += head + action + close
-        mask += [0] * len(head) + chose + [0] * len(close)
-        logps += [0.0] * len(head) + [lp * c for lp, c in zip(lps, chose)] + [0.0] * len(close)
-        chat.append({"role": "assistant", "content": reply})
         if not r.done:
-            so_far = render(chat, False)
-            chat.append({"role": "user", "content": r.observation.text})
-            obs = after(render(chat, True), so_far)
-            ids += obs
-            mask += [0] * len(obs)
-            logps += [0.0] * len(obs)
-    return {"prompt_ids": prompt_ids, "completion_ids": ids, "env_mask": mask, "logprobs": logps, "episode_return": total,
-            "replies": replies, "outcome": r.observation.metadata["outcome"]}
+            t.observe(r.observation.text)
+    return {"prompt_ids": t.prompt_ids, "completion_ids": t.ids, "env_mask": t.mask, "logprobs": t.logps, "episode_return": total,
+            "replies": t.replies, "outcome": r.observation.metadata["outcome"]}
 
 
-def expert_rows(scenario: str, seeds: list[int], max_turns: int) -> list[dict[str, Any]]:
-    """Warm-start rows: the expert's episodes on ``seeds`` as this example plays an episode (one
-    growing conversation, each reply ``ACTION: <action>``), one row per turn: the conversation so far
-    as the prompt, the expert's reply as the completion. Played on the Gymnasium env with
+def expert_episodes(tok: Any, scenario: str, seeds: list[int], max_turns: int) -> list[dict[str, Any]]:
+    """Warm-start rows: the expert's episodes on ``seeds``, one row per episode, exactly the tokens
+    :func:`play` makes of an episode with the expert's moves (``input_ids``: prompt and completion),
+    with ``completion_mask`` 1 on each reply's ``ACTION:`` header and action (every turn of the
+    episode trained in one sequence: one row per turn re-read the growing conversation once per
+    turn, 46 s a step of four on the bundled model). Played on the Gymnasium env with
     ``chat="episode"``, which builds the conversation the server's observations make, and its
     text-level expert (``expert_reply``; its ACTION line only)."""
     from socialworld.rollout.gym import SocialWorldEnv
@@ -134,11 +173,17 @@ def expert_rows(scenario: str, seeds: list[int], max_turns: int) -> list[dict[st
     rows: list[dict[str, Any]] = []
     for seed in seeds:
         _, info = env.reset(seed=seed)
+        t = Transcript(tok, info["messages"])
         done = False
         while not done:
-            reply = next(line for line in env.expert_reply().splitlines() if line.startswith("ACTION:"))
-            rows.append({"prompt": info["messages"], "completion": [{"role": "assistant", "content": reply}]})
-            _, _, done, _, info = env.step(reply)
+            action = next(line for line in env.expert_reply().splitlines() if line.startswith("ACTION:")).removeprefix("ACTION:")
+            ids = tok(action, add_special_tokens=False)["input_ids"]
+            _, _, done, _, info = env.step(t.reply(ids, [0.0] * len(ids), [0] * len(ids)))
+            if not done:
+                t.observe(info["messages"][-1]["content"])
+            if t.chat != info["messages"][: len(t.chat)]:  # at the end the env adds the last observation
+                raise ValueError(f"{scenario} seed {seed}: the Gymnasium env's conversation is not the one this example builds")
+        rows.append({"input_ids": t.prompt_ids + t.ids, "completion_mask": [0] * len(t.prompt_ids) + t.replied})
     return rows
 
 
@@ -164,12 +209,18 @@ def inference(model: Any) -> Iterator[None]:
         model.train(was)
 
 
-WARM_EPISODES = 0
-"""expert episodes the warm start clones by default (0: none)"""
-WARM_EPOCHS = 1.0
-"""passes over the warm start's rows"""
-WARM_LEARNING_RATE = 2e-4
-"""the warm start's SFT learning rate (LoRA's usual)"""
+WARM_EPISODES = 8
+"""expert episodes the warm start clones by default (0: none). Without one the bundled model's
+greedy episodes made no progress (held-out return -0.70), and GRPO from there learned to end at once
+(docs/experiments/2026-11-27-grpo-openenv-budget.md)"""
+WARM_EPOCHS = 4.0
+"""passes over the warm start's rows: one pass at 2e-4 (over rows of one turn each) left the greedy
+policy where it was; four at 1e-3 fitted it (held-out return -0.70 -> +0.40,
+docs/experiments/2026-11-28-grpo-warm-start-fits.md)"""
+WARM_LEARNING_RATE = 1e-3
+"""the warm start's SFT learning rate (the loop's own LoRA rate: docs/design.md, "The learning recipe")"""
+WARM_BATCH_SIZE = 2
+"""expert episodes per warm-start step"""
 
 
 def episode_return(prompts: list, completions: list, episode_return: list[float], **_: Any) -> list[float]:
@@ -182,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--model", default="bundled", help="bundled, or a local model folder")
     ap.add_argument("--url", default=None, help="a running `socialworld env serve` (default: start one here)")
     ap.add_argument("--scenario", default="team_lunch", help="scenario id or short name")
-    ap.add_argument("--max-turns", type=int, default=3,
+    ap.add_argument("--max-turns", type=int, default=0,
                     help="cap on each episode's turns (the server started here caps it; 0: the scenario's own budget)")
     ap.add_argument("--seeds", type=int, default=8, help="episodes (seeds) GRPO's groups start from")
     ap.add_argument("--steps", type=int, default=10, help="GRPO optimizer steps")
@@ -197,12 +248,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="stop once every group's rewards were equal for this many steps in a row (0: never)")
     ap.add_argument("--warm-episodes", type=int, default=WARM_EPISODES,
                     help="expert episodes (their own seeds) the model is cloned on with TRL's SFT before GRPO (0: no warm start)")
-    ap.add_argument("--warm-epochs", type=float, default=WARM_EPOCHS, help="passes over the warm start's rows")
+    ap.add_argument("--warm-epochs", type=float, default=WARM_EPOCHS, help="passes over the warm start's rows (one per episode)")
+    ap.add_argument("--warm-batch-size", type=int, default=WARM_BATCH_SIZE, help="expert episodes per warm-start SFT step")
+    ap.add_argument("--warm-learning-rate", type=float, default=WARM_LEARNING_RATE, help="the warm start's SFT learning rate")
     args = ap.parse_args(argv)
     if args.temperature <= 0:
         ap.error(f"--temperature must be above 0, got {args.temperature}")
     if args.warm_episodes < 0:
         ap.error(f"--warm-episodes must be 0 or more, got {args.warm_episodes}")
+    if args.warm_batch_size <= 0:
+        ap.error(f"--warm-batch-size must be above 0, got {args.warm_batch_size}")
+    if args.warm_learning_rate <= 0:
+        ap.error(f"--warm-learning-rate must be above 0, got {args.warm_learning_rate}")
     if args.warm_epochs <= 0:
         ap.error(f"--warm-epochs must be above 0, got {args.warm_epochs}")
 
@@ -249,18 +306,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model = AutoModelForCausalLM.from_pretrained(args.model)
         before = evaluate(client, model, tok, args.scenario, held_out) if held_out else {}
         warm: dict[str, float] = {}
+        warm_losses: list[float] = []
         if args.warm_episodes:
             # the expert's episodes, cloned: GRPO then starts from a policy whose episodes make progress
-            warm_rows = expert_rows(args.scenario, [3000 + s for s in range(args.warm_episodes)], args.max_turns)
-            if warm_rows[0]["prompt"] != first:
+            warm_rows = expert_episodes(tok, args.scenario, [3000 + s for s in range(args.warm_episodes)], args.max_turns)
+            opening = Transcript(tok, first).prompt_ids
+            if warm_rows[0]["input_ids"][: len(opening)] != opening:
                 raise ValueError(f"the server at {url} opens {args.scenario} with another conversation than this "
                                  "socialworld's: the warm start would teach another prompt")
             sft = SFTTrainer(model=model, processing_class=tok, train_dataset=Dataset.from_list(warm_rows), peft_config=lora,
-                             args=SFTConfig(output_dir=args.out, num_train_epochs=args.warm_epochs, per_device_train_batch_size=4,
-                                            learning_rate=WARM_LEARNING_RATE, max_length=None, logging_steps=1,
+                             args=SFTConfig(output_dir=args.out, num_train_epochs=args.warm_epochs,
+                                            per_device_train_batch_size=args.warm_batch_size,
+                                            learning_rate=args.warm_learning_rate, max_length=None, logging_steps=1,
+                                            completion_only_loss=True,  # the replies' tokens (completion_mask), not the observations
                                             save_strategy="no", report_to=[], use_cpu=True, bf16=bf16, seed=0))
             sft.train()
             model = sft.model
+            fit = [h for h in sft.state.log_history if "mean_token_accuracy" in h]
+            warm_losses = [float(h["loss"]) for h in fit]
+            if fit:
+                print(f"warm start: {sft.state.global_step} SFT steps on {len(warm_rows)} expert episodes, last step's loss "
+                      f"{fit[-1]['loss']:.3f}, token accuracy on the replies {fit[-1]['mean_token_accuracy']:.2f}")
             warm = evaluate(client, model, tok, args.scenario, held_out) if held_out else {}
         trainer = GRPOTrainer(
             model=model, processing_class=tok, reward_funcs=[episode_return],
@@ -289,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{name} training, greedy on {len(held_out)} held-out seeds: return {ev['return']:+.3f}, "
                   f"pass {ev['pass']:.2f}, CR {ev['CR']:.2f}")
     return {"rewards": rewards, "frac_reward_zero_std": flat, "stopped": watchdog.stopped, "seeds": played, "out": args.out,
-            "before": before, "warm": warm, "after": after}
+            "before": before, "warm": warm, "warm_losses": warm_losses, "after": after}
 
 
 if __name__ == "__main__":

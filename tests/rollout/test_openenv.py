@@ -159,25 +159,34 @@ def _example(name: str):
     return module
 
 
-def test_the_grpo_examples_warm_start_rows_are_the_conversation_it_plays_through_the_server(specs):
-    """examples/grpo_openenv.py's warm start: one row per turn of the expert's episode, its prompt the
-    conversation so far exactly as the example builds it from the server's observations, its
-    completion the expert's own move (``ACTION: <action>``), legal and executed as written."""
+def test_the_grpo_examples_warm_start_rows_are_the_episodes_it_plays_through_the_server(specs, tiny_dir):
+    """examples/grpo_openenv.py's warm start: one row per expert episode, exactly the tokens ``play``
+    makes of that episode through the server when it takes the expert's moves, the replies' header
+    and action (and nothing else) marked for the loss; the moves are the runner's expert's, legal
+    and executed as written."""
+    from transformers import AutoTokenizer
+
     example = _example("grpo_openenv")
-    rows = example.expert_rows("team_lunch", [5], 3)
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    row = example.expert_episodes(tok, "team_lunch", [5], 3)[0]
     ep = run_episodes(ExpertPolicy(), [EpisodeJob(capped(specs["team_lunch-v1"], 3), 5)])[0]
-    assert [r["completion"] for r in rows] == [[{"role": "assistant", "content": f"ACTION: {s.action.executed}"}]
-                                               for s in ep.steps]
+    moves = [s.action.executed for s in ep.steps]
+    ids, mask = row["input_ids"], row["completion_mask"]
+    marked = tok.decode([t for t, m in zip(ids, mask) if m])
+    assert marked == "".join(f"ACTION: {m}" for m in moves)
+    turns = iter(moves)
+
+    def expert(context, legal):
+        key = next(turns)
+        assert key in legal
+        action = tok(" " + key, add_special_tokens=False)["input_ids"]
+        return action, [0.0] * len(action), [0] * len(action)
+
     with example.env_server(max_turns=3) as url, _client(url) as env:
-        r = env.reset(seed=5, scenario="team_lunch")
-        chat = list(r.observation.messages)
-        for row in rows:
-            assert row["prompt"] == chat
-            reply = row["completion"][0]["content"]
-            r = env.step(SocialAction(reply=reply))
-            assert r.observation.metadata["parse_status"] == "ok"
-            chat += [{"role": "assistant", "content": reply}, {"role": "user", "content": r.observation.text}]
-        assert r.done
+        played = example.play(env, None, tok, "team_lunch", 5, None, choose=expert)
+    assert played["prompt_ids"] + played["completion_ids"] == ids
+    assert played["replies"] == [f"ACTION: {m}" for m in moves]
+    assert mask[: len(played["prompt_ids"])] == [0] * len(played["prompt_ids"])
 
 
 @pytest.mark.slow
@@ -202,17 +211,9 @@ def test_the_grpo_example_trains_by_interaction_through_the_server(tiny_dir, tmp
         assert all(r.observation.metadata["parse_status"] == "ok" for r in again)
     n = len(ep["completion_ids"])
     assert len(ep["env_mask"]) == len(ep["logprobs"]) == n and 0 < sum(ep["env_mask"]) < n
-    # a warm-start row, as TRL's SFT tokenizes it (prompt and completion through the chat template), is the
-    # tokens play() would put there: the prompt, the ACTION: header, the action as sampled, the turn's close
-    row = example.expert_rows("team_lunch", [5], 2)[0]
-    full = tok(tok.apply_chat_template(row["prompt"] + row["completion"], tokenize=False), add_special_tokens=False)["input_ids"]
-    prompt_ids = tok(tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True),
-                     add_special_tokens=False)["input_ids"]
-    head = tok("ACTION:", add_special_tokens=False)["input_ids"]
-    action = tok(" " + row["completion"][0]["content"].removeprefix("ACTION: "), add_special_tokens=False)["input_ids"]
-    assert full[: len(prompt_ids) + len(head) + len(action)] == prompt_ids + head + action
     assert all(lp == 0.0 for lp, m in zip(ep["logprobs"], ep["env_mask"]) if m == 0)
     assert all(lp < 0.0 for lp, m in zip(ep["logprobs"], ep["env_mask"]) if m == 1)  # trained: a choice among several
+    head = tok("ACTION:", add_special_tokens=False)["input_ids"]
     assert ep["completion_ids"][: len(head)] == head and ep["env_mask"][: len(head)] == [0] * len(head)
     # the temperature divides the logits over the trie's children: far above 1 each choice is uniform
     legal = ["wait()", "end()"]
@@ -225,7 +226,8 @@ def test_the_grpo_example_trains_by_interaction_through_the_server(tiny_dir, tmp
         assert lps[0] == pytest.approx(-math.log(2) if want is None else float(want[first.index(ids[0])]), abs=1e-5)
     out = example.main(["--model", str(tiny_dir), "--seeds", "2", "--steps", "2", "--generations", "2", "--max-turns", "2",
                         "--eval-seeds", "2", "--temperature", "2", "--warm-episodes", "0", "--out", str(tmp_path / "grpo")])
-    assert len(out["rewards"]) == 2 and (tmp_path / "grpo" / "adapter_config.json").exists() and out["warm"] == {}
+    assert len(out["rewards"]) == 2 and (tmp_path / "grpo" / "adapter_config.json").exists()
+    assert out["warm"] == {} and out["warm_losses"] == []
     assert min(out["frac_reward_zero_std"]) < 1.0 and out["stopped"] is None
     assert out["seeds"] == [1000, 1001]  # one seed per group, in turn
     for ev in (out["before"], out["after"]):  # greedy on the held-out seeds, scored by the world's outcome
@@ -234,4 +236,5 @@ def test_the_grpo_example_trains_by_interaction_through_the_server(tiny_dir, tmp
     warm = example.main(["--model", str(tiny_dir), "--seeds", "1", "--steps", "1", "--generations", "2", "--max-turns", "2",
                          "--eval-seeds", "1", "--temperature", "2", "--warm-episodes", "2", "--out", str(tmp_path / "warm")])
     assert set(warm["warm"]) == {"return", "pass", "CR"} and len(warm["rewards"]) == 1
+    assert len(warm["warm_losses"]) == 4  # one row per episode, two a step, four passes (the defaults)
     assert (tmp_path / "warm" / "adapter_config.json").exists()
