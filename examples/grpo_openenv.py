@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 @contextmanager
@@ -137,8 +137,12 @@ class Transcript:
         self.replied += [0] * len(obs)
 
 
+Chooser = Callable[[list[int], list[str]], tuple[list[int], list[float], list[int]]]
+"""``choose(context, legal)``: an action's tokens, their log-probabilities and where they were chosen (as :func:`sample_action`)"""
+
+
 def play(client: Any, model: Any, tok: Any, scenario: str, seed: int, gen: Any, temperature: float = 1.0,
-         choose: Any = None) -> dict[str, Any]:
+         choose: Chooser | None = None) -> dict[str, Any]:
     """One episode through ``client`` as a :class:`Transcript`: the prompt's tokens, the completion's,
     ``env_mask``, the sampling log-probabilities, the episode's return, its replies and outcome.
     Each action is :func:`sample_action`'s from ``model``, or ``choose(context, legal)``'s where given
