@@ -50,13 +50,40 @@ def test_bench_smoke_protocol_and_resume(tiny, tmp_path):
     assert again.doc == res.doc and not any("wake" in m or "evaluated" in m for m in logs)
 
 
+def _overridden(suite_dir, name, full):
+    """The config keys (``sleep.gating``, ``train.method``, ...) where variant ``name``'s recorded
+    config.yaml differs from the full recipe's, besides where it lives."""
+    import yaml
+
+    def flat(doc, prefix=""):
+        return {k2: v2 for k, v in doc.items() for k2, v2 in (flat(v, f"{prefix}{k}.").items() if isinstance(v, dict)
+                                                              else [(f"{prefix}{k}", v)])}
+
+    mine, theirs = (flat(yaml.safe_load((suite_dir / n / "config.yaml").read_text())) for n in (name, full))
+    return {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)} - {"out", "reuse_from"}
+
+
+def _expected(over):
+    return {f"{k}.{k2}" for k, v in over.items() if isinstance(v, dict) for k2 in v} | {k for k, v in over.items() if not isinstance(v, dict)}
+
+
 def test_methods_suite_shares_the_untrained_data(tiny, tmp_path):
+    from socialworld.bench.protocol import SUITES
+
     cfg = BenchConfig(out=str(tmp_path / "s"), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000)
     doc = run_suite(cfg, "methods", log=lambda _: None)
+    # each variant's overrides reach its loop: its recorded config differs from M4's exactly there
+    for name, over in SUITES["methods"].items():
+        assert _overridden(tmp_path / "s" / "methods", name, "M4-full") == _expected(over), name
+    # M2 trains GRPO on the steps' exact returns and says how many of its groups had a gradient at all
+    share = doc["variants"]["M2-grpo"]["groups_with_reward_variance"]
+    assert 0 <= share <= 1 and all(doc["variants"][n]["groups_with_reward_variance"] is None for n in ("M1-sft", "M4-full"))
+    assert "vs_full" in doc["variants"]["M1-sft"] and "vs_full" not in doc["variants"]["M4-full"]
     assert list(doc["variants"]) == ["M0-untrained", "M1-sft", "M2-grpo", "M3-dpo-trajectory-ungated", "M4-full"]
-    manifest = json.loads((tmp_path / "s" / "methods" / "M4-full" / "manifest.json").read_text())["artifacts"]
-    assert manifest["cycle-1/wake/episodes.jsonl"]["producer"].startswith("copied:")
-    assert "| M2-grpo |" in (tmp_path / "s" / "methods" / "suite.md").read_text()
+    manifest = json.loads((tmp_path / "s" / "methods" / "M1-sft" / "manifest.json").read_text())["artifacts"]
+    assert manifest["cycle-1/wake/episodes.jsonl"]["producer"].startswith("copied:")  # from M4-full, which ran first
+    assert "| M2-grpo |" in (tmp_path / "s" / "methods" / "report.md").read_text()
+    assert "data:image/png;base64," in (tmp_path / "s" / "methods" / "report.html").read_text()
 
 
 def test_bench_smoke_on_a_user_scenario_file(tiny, tmp_path, my_lunch):
@@ -96,6 +123,10 @@ def test_bench_with_a_judge_reports_it_beside_the_rule_metrics(tiny, tmp_path):
     for arm, j in judge["arms"].items():
         assert j["episodes"] == len(res.per_cycle[arm][1]) and j["judged"] + j["endpoint_failures"] + j["unparseable"] == j["episodes"]
         assert j["source"] == "proxy"
+    # its agreement with the world over every two arms' episodes of one task (5 arms: 10 pairs a task)
+    agreement = judge["agreement"]
+    assert agreement["compared"] + agreement["world_ties"] == 10 * len(res.per_cycle["B"][1])
+    assert "Against the world: of " in (tmp_path / "j" / "report.md").read_text()
     plain = run_bench(BenchConfig(**{**cfg.__dict__, "out": str(tmp_path / "p"), "judge": ""}), log=lambda _: None)
     # the static arms' rule metrics do not move (B's sleep may train on judge-ranked dialogue pairs)
     assert {a: m for a, m in plain.doc["main"].items() if a != "B"} == {a: m for a, m in res.doc["main"].items() if a != "B"}
@@ -122,3 +153,46 @@ def test_a_dead_proxy_endpoint_stops_the_bench_instead_of_scoring_arm_c(tiny, tm
         run_bench(cfg, log=lambda _: None)
     assert (tmp_path / "d" / "arms" / "C" / "failed-episodes.jsonl").is_file()
     assert not (tmp_path / "d" / "arms" / "C" / "episodes.jsonl").exists() and not (tmp_path / "d" / "bench.json").exists()
+
+
+def test_ablations_suite_lets_proxy_pairs_in_only_in_e2_and_does_not_run_a_variant_that_cannot_differ(tiny, tmp_path):
+    from socialworld.bench.protocol import SUITES, variant_config
+    from socialworld.learn.loop import run_loop
+    from socialworld.learn.sleep import read_pairs
+    from socialworld.records import read_jsonl
+    from socialworld.testing import stub_endpoint
+
+    def reply(req, headers):  # a judge that prefers the expert's words (the tiny model's are noise)
+        text = json.dumps(req["messages"])
+        goal = 9 if "Would that work for you" in text or "Thanks for sharing" in text else 1
+        return 200, {}, {"choices": [{"message": {"content": f"GOAL: {goal}\nBELIEVABILITY: 5"}}]}
+
+    logs: list[str] = []
+    with stub_endpoint(reply) as url:
+        cfg = BenchConfig(out=str(tmp_path / "a"), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000,
+                          judge=f"openai:j@{url}")
+        doc = run_suite(cfg, "ablations", log=logs.append)
+        rows, runs = doc["variants"], tmp_path / "a" / "ablations"
+        # strict gating (E0) kept the judge's action pairs out; E2 admits exactly those
+        gating = json.loads((runs / "E0-full" / "cycle-1" / "sleep" / "gating.json").read_text())
+        n = gating["excluded"]["action:proxy_evidence"]
+        assert n > 0 and gating["judge_agreement"]["compared"] > 0
+        e0, e2 = ({p.id: p for p in read_pairs(runs / v / "cycle-1" / "sleep" / "pairs-action.parquet")}
+                  for v in ("E0-full", "E2-no-provenance"))
+        extra = e2.keys() - e0.keys()
+        assert e0.keys() <= e2.keys() and len(extra) == n and {e2[i].evidence["ranking"] for i in extra} == {"proxy"}
+        # E5 at E0's own threshold cannot differ: the suite says so instead of reporting a tie, and does not run it
+        same = {name for name, v in rows.items() if "same_as" in v}
+        assert "E5-threshold-0.5" in same and same <= {"E5-threshold-0.3", "E5-threshold-0.5", "E5-threshold-0.7"}
+        assert rows["E5-threshold-0.5"]["same_as"] == "E0-full" and not (runs / "E5-threshold-0.5").exists()
+        assert any("E5-threshold-0.5 is E0-full by construction" in m for m in logs)
+        assert "E5-threshold-0.5 is E0-full by construction" in (runs / "report.md").read_text()
+        # ... and run anyway, it is E0 step for step
+        lc = variant_config(cfg, "ablations", "E5-threshold-0.5", reuse_from=str(runs / "E0-full"))
+        run_loop(lc, log=lambda _: None)
+    moves = lambda run: [[(s.action.executed, s.dialogue.utterance) for s in e.steps]  # noqa: E731
+                         for e in read_jsonl(run / "cycle-1" / "eval" / "episodes.jsonl")]
+    assert moves(runs / "E5-threshold-0.5") == moves(runs / "E0-full")
+    for name, over in SUITES["ablations"].items():
+        if name not in same:
+            assert _overridden(runs, name, "E0-full") == _expected(over), name

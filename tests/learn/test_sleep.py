@@ -200,9 +200,13 @@ def test_gating_excludes_weak_evidence_and_counts_reasons(lunch, random_eps):
     ex = report.excluded
     assert ex["action:degraded_evidence"] == 1 and ex["action:proxy_evidence"] == 1
     assert ex["action:missing_evidence"] == 1 and ex["action:low_quality"] == 1 and ex["action:duplicate"] == 1
-    # gating off lets them through (the ablation)
-    off = screen_and_gate(forged, SleepConfig(gating="off", template_cap=100), GatingReport())
-    assert {a.id, b.id, c.id, d.id} <= {p.id for p in off}
+    # gating off (E2) admits exactly what strict gating excluded for its evidence; screening (the
+    # quality threshold too) still applies
+    strict_report, off_report = GatingReport(), GatingReport()
+    assert screen_and_gate(forged, cfg, strict_report) == kept
+    off = screen_and_gate(forged, SleepConfig(gating="off", template_cap=100), off_report)
+    assert [p.id for p in off] == [p.id for p in forged[:-1] if p.id in {q.id for q in kept} | {a.id, b.id, c.id}]
+    assert off_report.excluded == {k: v for k, v in strict_report.excluded.items() if not k.endswith("_evidence")}
     capped = screen_and_gate(pairs, SleepConfig(template_cap=1), GatingReport())
     assert len(capped) == len({p.template_key for p in pairs})
 
@@ -351,6 +355,14 @@ def test_candidate_pairs_take_judged_episodes_and_count_failed_judgements(lunch,
     pairs = candidate_pairs({lunch.id: lunch}, wake, refs, SleepConfig(utterance_pairs=False), report, judged=judged)
     ranked = [p for p in pairs if p.evidence["ranking"] == "proxy"]
     assert len(ranked) == 1 and ranked[0].seed == wake[0].seed and report.excluded["judge:failed"] == 1
+    # the one judged couple is counted in the judge's agreement with the world (the expert's return is higher)
+    from socialworld.rollout.judge import episode_return
+
+    ref0 = refs[(wake[0].scenario_id, wake[0].seed)]
+    assert episode_return(ref0) > episode_return(wake[0])
+    assert report.as_dict()["judge_agreement"] == {"agree": 1, "disagree": 0, "judge_ties": 0, "world_ties": 0,
+                                                   "compared": 1, "agreement": 1.0}
+    assert "judge_agreement" not in GatingReport().as_dict()  # a run without a judge writes what it always did
 
 
 def test_pairs_written_before_the_ranking_evidence_read_as_simulator_ranked(lunch, random_eps, tmp_path):

@@ -206,3 +206,38 @@ def test_the_flat_reward_watchdog_stops_after_its_patience_and_says_why():
         7, "GRPO stopped at step 7: every group's rewards were equal for 3 steps in a row (no advantage, no gradient)")
     assert run(3, [1.0, 0.75] * 4) == (None, None)
     assert run(0, [1.0] * 10) == (None, None)
+
+
+def test_grpo_rewards_are_the_steps_exact_returns_reproducibly(specs, pairs):
+    """With the sleep phase's continuations (M2's reward) every legal move of a group is scored by
+    where it leads, not by its one step: more moves get told apart, the same way on every call."""
+    from socialworld.learn.config import PairBuild
+    from socialworld.learn.sleep import rollout_returns
+    from socialworld.world.engine import World
+    from socialworld.world.visibility import legal_actions, observe
+
+    build = PairBuild(rollouts=2, horizon=6, discount=0.9)
+    told_apart = {"step": 0, "return": 0}
+    for row in grpo_rows(pairs)[:4]:
+        w = World.restore(row["snapshot"], specs[row["scenario_id"]])
+        legal = legal_actions(observe(w.spec, w.pub))
+        turns = [[{"role": "assistant", "content": f"ACTION: {a.key}\nSAY: ok"}] for a in legal] + \
+                [[{"role": "assistant", "content": "nonsense"}]]
+        kw = {"snapshot": [row["snapshot"]] * len(turns), "scenario_id": [row["scenario_id"]] * len(turns)}
+        one = simulator_reward(specs)([row["prompt"]] * len(turns), turns, **kw)
+        exact = simulator_reward(specs, build)([row["prompt"]] * len(turns), turns, **kw)
+        assert exact == simulator_reward(specs, build)([row["prompt"]] * len(turns), turns, **kw)
+        assert exact[-1] < max(exact[:-1])  # an unparseable reply is penalised and leads nowhere better
+        # the last legal move's reward is its continuations' mean return, the first step's reward included
+        w2 = World.restore(row["snapshot"], specs[row["scenario_id"]])
+        returns = rollout_returns(w2, legal[-1], build, ("grpo", row["scenario_id"], _snap_key(row["snapshot"])))
+        assert exact[-2] == pytest.approx(sum(returns) / len(returns))
+        told_apart["step"] += len(set(one[:-1]))
+        told_apart["return"] += len(set(exact[:-1]))
+    assert told_apart["return"] > told_apart["step"]
+
+
+def _snap_key(snapshot: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(snapshot.encode()).hexdigest()[:16]

@@ -97,3 +97,64 @@ def test_a_judgement_whose_endpoint_mostly_failed_is_not_kept():
     assert checked_judgement("j", [rec(None), rec("endpoint")], 0.5) == [rec(None), rec("endpoint")]
     with pytest.raises(EndpointFailure, match="no reply on 2 of 3 episodes.*cannot reach x"):
         checked_judgement("j", [rec(None), rec("endpoint"), rec("endpoint")], 0.5)
+
+
+def test_rank_agreement_counts_the_world_orders_a_judge_matched():
+    from socialworld.rollout.judge import RankAgreement, rank_agreement
+
+    got = rank_agreement([(9, 2, 1.0, 0.0), (2, 9, 1.0, 0.0), (5, 5, 1.0, 0.0), (9, 2, 0.5, 0.5), (1, 3, -1.0, 2.0)])
+    assert got == RankAgreement(agree=2, disagree=1, judge_ties=1, world_ties=1)
+    assert got.compared == 4 and got.agreement == 0.5  # a judge tie is no ranking: it counts against
+    assert RankAgreement().agreement is None and RankAgreement(world_ties=3).agreement is None
+
+
+def test_judge_agreement_pairs_the_episodes_of_one_task_and_leaves_failures_out(specs):
+    from socialworld.records import JudgeRec, Signal
+    from socialworld.rollout.judge import episode_return, judge_agreement
+
+    lunch = specs["team_lunch-v1"]
+    jobs = [EpisodeJob(lunch, 3), EpisodeJob(lunch, 4)]
+    eps = {p: run_episodes(make_policy(p), jobs) for p in ("expert", "random", "oracle")}
+    flat = [e for p in eps for e in eps[p]]
+
+    def judged(goal_of):
+        sig = lambda v: Signal(value=v, source="proxy", confidence=1.0)  # noqa: E731
+        return {e.episode_id: JudgeRec(episode_id=e.episode_id, judge="j", prompt_version="judge-v1", raw="",
+                                       scores={"goal": sig(goal_of(e)), "believability": sig(5.0)}) for e in flat}
+
+    honest = judge_agreement(flat, judged(episode_return))  # a judge that scores the return itself
+    assert honest.disagree == honest.judge_ties == 0 and honest.agree + honest.world_ties == 6  # 3 pairs a seed
+    assert honest.agreement == 1.0
+    flat_judge = judge_agreement(flat, judged(lambda e: 10.0))  # the bundled model's habit: 10 for everything
+    assert flat_judge.agree == 0 and flat_judge.judge_ties == honest.agree and flat_judge.agreement == 0.0
+    recs = judged(episode_return)
+    recs[eps["random"][0].episode_id] = recs[eps["random"][0].episode_id].model_copy(update={"failure": "endpoint", "scores": {}})
+    assert judge_agreement(flat, recs).agree + judge_agreement(flat, recs).world_ties == 4  # its two pairs are left out
+
+
+def test_the_judge_agreement_example_ranks_every_two_policies_on_each_task(tmp_path):
+    """examples/judge_agreement.py against a stub endpoint that scores the world's own return: it
+    agrees with the world on every pair the world orders."""
+    import importlib.util
+    from pathlib import Path
+
+    from socialworld.testing import stub_endpoint
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "judge_agreement.py"
+    spec = importlib.util.spec_from_file_location("judge_agreement", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    def reply(req, headers):  # the oracle's words are the expert's: score by who proposed the most accepted options
+        text = req["messages"][-1]["content"]
+        goal = min(10, text.count("finalize(") * 3 + text.count("works for me"))
+        return 200, {}, {"choices": [{"message": {"content": f"GOAL: {goal}\nBELIEVABILITY: 5"}}]}
+
+    with stub_endpoint(reply) as url:
+        got = example.main(["--judge", f"openai:j@{url}", "--scenarios", "team_lunch-v1", "--seeds", "2", "--out", str(tmp_path)])
+    a = got["agreement"]
+    assert got["episodes"] == 6 and a["compared"] + a["world_ties"] == 6  # 3 policies, 3 pairs a seed, 2 seeds
+    assert a["agree"] + a["disagree"] + a["judge_ties"] == a["compared"] and a["agree"] > 0
+    assert json.loads((tmp_path / "agreement.json").read_text())["agreement"] == a
+    with pytest.raises(SystemExit):
+        example.main(["--policies", "expert", "--out", str(tmp_path)])

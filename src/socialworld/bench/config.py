@@ -78,6 +78,11 @@ PRESETS: dict[str, Preset] = {
     # the protocol's 45 evaluation episodes per arm and the recipe that learns: about 75 minutes on a
     # 2-core CPU with native bf16 (measured: see the README)
     "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=12),
+    # a suite's budget (--suite methods|ablations, each variant a whole loop): one scenario per tier, 4
+    # evaluation seeds each (12 episodes at the last cycle, the default 24), the default recipe at 100
+    # steps a cycle (the default 400) and 10 dialogue steps (20): about a third of a default loop's time
+    "suite": Preset(eval_episodes=4, train_episodes=1, reference_episodes=12, train=replace(RECIPE_TRAIN, steps=100),
+                    dialogue_steps=10, scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
     # the full budget
     "paper": Preset(eval_episodes=3, train_episodes=8, reference_episodes=16,
                    dialogue_steps=100),
@@ -88,7 +93,8 @@ PRESETS: dict[str, Preset] = {
 class BenchConfig:
     out: str = field(default="runs/bench", metadata={"help": "run folder (resumed if it exists with the same config)"})
     model: str = field(default="bundled", metadata={"help": "base model of arms A and B: bundled or a local folder"})
-    preset: Literal["smoke", "default", "paper"] = field(default="default", metadata={"help": "budget: smoke, default or paper"})
+    preset: Literal["smoke", "default", "suite", "paper"] = field(default="default", metadata={
+        "help": "budget: smoke, default, suite (a third of default's time per loop, for --suite) or paper"})
     proxy: str = field(default="", metadata={"help": (
         "arm C: a policy spec, e.g. openai:<model>@<url>, or a trained policy as <model>+<run folder> "
         "(default: the expert policy)")})

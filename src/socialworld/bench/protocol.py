@@ -36,15 +36,17 @@ from socialworld.learn.loop import (
     check_model,
     check_unlockable,
     config_doc,
+    regate,
     run_loop,
 )
+from socialworld.learn.train import TRAIN_RECORD, TrainRecord
 from socialworld.metrics.core import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate, group_by
 from socialworld.metrics.diagnostics import coverage, failure_counts
 from socialworld.metrics.lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
 from socialworld.metrics.stats import PASS, SOLVE, metric_interval, paired_difference
 from socialworld.records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, write_jsonl
 from socialworld.rollout.evaluate import episode_seeds, first_endpoint_error
-from socialworld.rollout.judge import checked_judgement, judge_episodes, read_judged, summarise, write_judged
+from socialworld.rollout.judge import checked_judgement, judge_agreement, judge_episodes, read_judged, summarise, write_judged
 from socialworld.rollout.runner import EpisodeJob
 from socialworld.rollout.scale import pmap, ray_init, rollouts
 from socialworld.rundir import BENCH_LOOP, RunDir, cycle_files
@@ -135,7 +137,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
     doc = bench_document(recorded(cfg, scenarios), tiers_per_cycle, per_cycle, summaries)
     judged = _judge_arms(cfg, run, {arm: cyc[max(cyc)] for arm, cyc in per_cycle.items()}, scenarios, log)
     if judged:
-        doc["judge"] = {"judge": cfg.judge, "arms": {arm: summarise(recs).as_dict() for arm, recs in judged.items()}}
+        by_id = {r.episode_id: r for arm_recs in judged.values() for r in arm_recs}
+        last_eps = [e for cyc in per_cycle.values() for e in cyc[max(cyc)]]
+        doc["judge"] = {"judge": cfg.judge, "arms": {arm: summarise(recs).as_dict() for arm, recs in judged.items()},
+                        "agreement": judge_agreement(last_eps, by_id).as_dict()}
     run.produce("bench.json", "bench", lambda p: atomic_write_text(p, json.dumps(doc, indent=1, sort_keys=True) + "\n"),
                 inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)] + [f"judge/{a}.jsonl" for a in judged])
     from socialworld.bench.report import write_reports
@@ -258,6 +263,53 @@ def variant_config(cfg: BenchConfig, suite: str, name: str, reuse_from: str = ""
     return replace(base, **over)
 
 
+ABLATIONS_JUDGE = "bundled"
+"""the ablations suite's LM judge when ``--judge`` names none: its rankings are the ``proxy``
+evidence strict gating keeps out of the action track and E2 lets in"""
+
+GATING_ONLY = ("quality_threshold", "template_cap", "gating")
+"""the settings a variant may change for :func:`same_by_construction` to check it without training
+(replay also draws on earlier cycles' pairs, which re-gating does not redo)"""
+
+
+def same_by_construction(first: LoopConfig, variants: dict[str, LoopConfig], cycles: int, name: str = "the full recipe") -> dict[str, str]:
+    """The variants whose run would be ``first``'s (already run) bit for bit: each differs from it
+    only in :data:`GATING_ONLY` settings, and re-gating ``first``'s candidate pairs under its settings
+    (:func:`socialworld.learn.loop.regate`) keeps exactly the pairs ``first`` kept in every one of
+    ``cycles`` cycles, so it trains on the same pairs from the same adapters, deploys the same policy
+    and meets the same states. Returns why, per such variant (``name``: ``first``'s, in the reasons);
+    the others are not named."""
+    def gating_only(lc: LoopConfig) -> bool:
+        same_gating = replace(lc.sleep, **{k: getattr(first.sleep, k) for k in GATING_ONLY})
+        return replace(lc, out=first.out, reuse_from=first.reuse_from, sleep=same_gating) == first
+
+    left = {v: lc for v, lc in variants.items() if gating_only(lc)}
+    for c in range(1, cycles + 1):
+        if not left:
+            break
+        got = regate(first.out, c, {v: lc.sleep for v, lc in left.items()})
+        left = {v: lc for v, lc in left.items() if got[v]["same_as_run"]}
+    return {v: (f"under its gating settings {name}'s candidate pairs keep exactly the pairs {name} kept, in each of "
+                f"{cycles} cycles: the same training, so the same run") for v in left}
+
+
+def _reward_variance(lc: LoopConfig, cycles: Sequence[int]) -> float | None:
+    """GRPO variants: the share of the action track's groups whose rewards were not all equal (1 -
+    TRL's ``frac_reward_zero_std``, over every logged step of every cycle); None for other methods."""
+    zero = []
+    for c in cycles:
+        path = Path(lc.out) / cycle_files(c).adapter("action") / TRAIN_RECORD
+        if c and path.is_file():
+            zero += TrainRecord.model_validate_json(path.read_text()).reward_zero_std
+    return 1 - fmean(zero) if zero else None
+
+
+def _same_tasks(eps: Sequence[EpisodeRecord], like: Sequence[EpisodeRecord]) -> list[EpisodeRecord]:
+    """The episodes of ``eps`` whose (scenario, seed) an episode of ``like`` has."""
+    tasks = {(e.scenario_id, e.seed) for e in like}
+    return [e for e in eps if (e.scenario_id, e.seed) in tasks]
+
+
 def _training_task() -> dict:
     """Ray resources of a task that trains: a GPU where this machine has one (a Ray task that asks
     for none sees no GPU), else one CPU."""
@@ -271,56 +323,80 @@ def _variant_loop(lc: LoopConfig) -> list[dict]:
     return run_loop(lc, log=print)
 
 
+def full_variant(suite: str) -> str:
+    """The suite's variant without overrides (M4-full, E0-full): the recipe the others are compared with."""
+    return next(name for name, over in SUITES[suite].items() if not over)
+
+
 def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, progress: Progress | None = None) -> dict:
     """Every variant of ``suite`` under the same protocol and budget; returns (and writes to
-    ``<out>/<suite>/suite.json`` and ``suite.md``) per-variant last-cycle metrics with intervals,
-    paired differences against M0 (the untrained cycle 0), R tables and forgetting."""
+    ``<out>/<suite>/suite.json``, ``report.md`` and ``report.html``) per-variant last-cycle metrics with intervals,
+    paired differences against the untrained model (M0, the loops' shared cycle 0) and against the
+    full recipe, R tables and forgetting. The full recipe runs first (its untrained artifacts are
+    copied by the others); a variant that would repeat its run bit for bit
+    (:func:`same_by_construction`) is not run, and its row says so instead of reporting a tie."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+    if suite == "ablations" and not cfg.judge:  # without a judge every pair is the simulator's: E2 could not differ
+        cfg = replace(cfg, judge=ABLATIONS_JUDGE)
     kw = {"seed": cfg.seed, "resamples": cfg.resamples}
-    scenarios = bench_scenarios(cfg, Path(cfg.out) / suite / next(iter(SUITES[suite])))  # the first variant's loop
+    full = full_variant(suite)
+    scenarios = bench_scenarios(cfg, Path(cfg.out) / suite / full)  # the first variant's loop
     if cfg.ray:
         ray_init(cfg.ray)
     run = RunDir(Path(cfg.out) / suite)
     cfg_doc = config_doc(recorded(cfg, scenarios), scenarios.user)
+    first = variant_config(cfg, suite, full, reuse_from="")
+    check_model(first)  # before the run folder: a judge or model that does not load fails now
     run.write_config(cfg_doc, defaults=BENCH_ADDED_FIELDS)
-    rows: dict[str, dict] = {}
-    names = list(SUITES[suite])
-    first = variant_config(cfg, suite, names[0], reuse_from="")
-    log(f"{suite}: {names[0]}")
-    runs = {names[0]: run_loop(first, log=log, progress=progress)}  # the untrained artifacts the others reuse
-    rest = [variant_config(cfg, suite, name, reuse_from=first.out) for name in names[1:]]
-    if cfg.ray:  # independent runs over the shared untrained artifacts: one Ray task each
-        log(f"{suite}: {', '.join(names[1:])} as Ray tasks")
-        runs.update(zip(names[1:], pmap(_variant_loop, rest, ray=cfg.ray, options=_training_task())))
+    log(f"{suite}: {full}")
+    runs = {full: run_loop(first, log=log, progress=progress)}  # the untrained artifacts the others reuse
+    configs = {name: variant_config(cfg, suite, name, reuse_from=first.out) for name in SUITES[suite] if name != full}
+    same = same_by_construction(first, configs, cfg.cycles, full)
+    for name, why in same.items():
+        log(f"{suite}: {name} is {full} by construction ({why}): not run")
+    todo = {name: lc for name, lc in configs.items() if name not in same}
+    if cfg.ray and todo:  # independent runs over the shared untrained artifacts: one Ray task each
+        log(f"{suite}: {', '.join(todo)} as Ray tasks")
+        runs.update(zip(todo, pmap(_variant_loop, list(todo.values()), ray=cfg.ray, options=_training_task())))
     else:
-        for name, lc in zip(names[1:], rest):
+        for name, lc in todo.items():
             log(f"{suite}: {name}")
             runs[name] = run_loop(lc, log=log, progress=progress)
-    for name, lc in zip(names, [first, *rest]):
-        summaries = runs[name]
-        tiers = {s.cycle: s.tiers for s in summaries}
-        last = max(tiers)
-        untrained = read_jsonl(Path(lc.out) / cycle_files(0).eval)
-        per_cycle = {c: read_jsonl(Path(lc.out) / cycle_files(c).eval) for c in tiers}
-        if "M0-untrained" not in rows:
-            rows["M0-untrained" if suite == "methods" else "untrained"] = {
-                "metrics": {k: metric_interval(_subset(untrained, tiers[last]), k, **kw).as_dict() for k in MAIN_METRICS},
-                "R": {str(c): {t: iv.as_dict() for t, iv in row.items()}
-                      for c, row in r_table({c: _subset(untrained, t) for c, t in tiers.items()}, **kw).items()}}
-        base_last = [e for e in untrained if (e.scenario_id, e.seed) in {(x.scenario_id, x.seed) for x in per_cycle[last]}]
+    configs[full] = first
+    tiers = {s.cycle: s.tiers for s in runs[full]}
+    last = max(tiers)
+    untrained = read_jsonl(Path(first.out) / cycle_files(0).eval)
+    per_variant = {name: {c: read_jsonl(Path(configs[name].out) / cycle_files(c).eval) for c in tiers} for name in runs}
+    base_last = _same_tasks(untrained, per_variant[full][last])
+    rows: dict[str, dict] = {"M0-untrained" if suite == "methods" else "untrained": {
+        "metrics": {k: metric_interval(base_last, k, **kw).as_dict() for k in MAIN_METRICS},
+        "R": {str(c): {t: iv.as_dict() for t, iv in row.items()}
+              for c, row in r_table({c: _subset(untrained, t) for c, t in tiers.items()}, **kw).items()}}}
+    for name in SUITES[suite]:
+        if name in same:
+            rows[name] = {"same_as": full, "why": same[name]}
+            continue
+        per_cycle, summaries = per_variant[name], runs[name]
         r = r_table(per_cycle, **kw)
+        # on the episodes both evaluated (E6 evaluates every tier from cycle 1; with one cycle, the others one tier)
+        full_last = _same_tasks(per_variant[full][last], per_cycle[last])
         rows[name] = {
             "metrics": {k: metric_interval(per_cycle[last], k, **kw).as_dict() for k in MAIN_METRICS},
-            "vs_untrained": {k: paired_difference(base_last, per_cycle[last], k, **kw).as_dict() for k in MAIN_METRICS},
+            "vs_untrained": {k: paired_difference(_same_tasks(untrained, per_cycle[last]), per_cycle[last], k, **kw).as_dict()
+                             for k in MAIN_METRICS},
+            **({"vs_full": {k: paired_difference(full_last, _same_tasks(per_cycle[last], full_last), k, **kw).as_dict()
+                            for k in MAIN_METRICS}} if name != full else {}),
             "R": {str(c): {t: iv.as_dict() for t, iv in row.items()} for c, row in r.items()},
             "forgetting": forgetting(r),
             "pairs": [s.pairs for s in summaries], "excluded": [s.excluded for s in summaries],
+            "groups_with_reward_variance": _reward_variance(configs[name], list(tiers)),
         }
     doc = {"version": BENCH_VERSION, "metrics_contract": METRICS_CONTRACT, "suite": suite, "config": cfg_doc,
-           "preset": asdict(PRESETS[cfg.preset]), "variants": rows}
-    from socialworld.bench.report import suite_markdown
+           "preset": asdict(PRESETS[cfg.preset]), "full": full, "variants": rows}
+    from socialworld.bench.report import suite_html, suite_markdown
 
     run.produce("suite.json", "suite", lambda p: atomic_write_text(p, json.dumps(doc, indent=1, sort_keys=True) + "\n"))
-    run.produce("suite.md", "report", lambda p: atomic_write_text(p, suite_markdown(doc) + "\n"), inputs=["suite.json"])
+    run.produce("report.md", "report", lambda p: atomic_write_text(p, suite_markdown(doc) + "\n"), inputs=["suite.json"])
+    run.produce("report.html", "report", lambda p: atomic_write_text(p, suite_html(doc)), inputs=["suite.json"])
     return doc

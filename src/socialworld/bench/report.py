@@ -112,6 +112,18 @@ TABLES = (("Main table (last cycle, 95% bootstrap intervals)", main_rows),
           ("LM judge (last cycle; proxy evidence, beside the rule metrics, never in them)", judge_rows))
 
 
+def judge_note(doc: dict) -> str | None:
+    """How often the judge ordered two episodes of one task (scenario and seed) as the world's returns
+    do, over every two arms' last-cycle episodes (None without a judge)."""
+    a = doc.get("judge", {}).get("agreement")
+    if not a:
+        return None
+    rate = "no pair to compare" if a["agreement"] is None else f"agreement {a['agreement']:.2f}"
+    return (f"Against the world: of {a['compared']} pairs of arms' episodes of the same task whose returns differ, the judge "
+            f"ranked {a['agree']} as the returns do, {a['disagree']} the other way and scored {a['judge_ties']} alike ({rate}; "
+            f"a coin's is 0.5); {a['world_ties']} pairs with equal returns were not compared.")
+
+
 def cut_note(doc: dict) -> str | None:
     """What a budget that cuts episodes short means for the numbers (the smoke preset), or None."""
     cap = (doc.get("preset") or {}).get("max_turns", 0)
@@ -141,25 +153,92 @@ def markdown(doc: dict) -> str:
         out += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         out += ["| " + " | ".join(r) + " |" for r in rows]
         out.append("")
+        if fn is judge_rows and (jn := judge_note(doc)):
+            out += [jn, ""]
     return "\n".join(out)
+
+
+def suite_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """A suite's table: last-cycle metrics per variant, the paired differences of PassRate,
+    SolveRate and D against the untrained model and against the full recipe on the same episodes,
+    forgetting, the pairs kept, and for GRPO the share of groups whose rewards varied. A variant
+    that is another by construction says so in every cell instead of repeating its numbers."""
+    keys = list(METRIC_LABELS)
+    full = doc.get("full", "")
+    head = (["variant"] + [METRIC_LABELS[k] for k in keys]
+            + [f"{m} - untrained" for m in ("PassRate", "SolveRate", "D")] + [f"PassRate - {full or 'full'}", "forgetting (max F)",
+                                                                             "pairs kept (per cycle)", "GRPO groups with reward variance"])
+    rows = []
+    for name, v in doc["variants"].items():
+        if "same_as" in v:
+            rows.append([name] + [f"= {v['same_as']}"] * (len(head) - 1))
+            continue
+        vs, vf = v.get("vs_untrained", {}), v.get("vs_full", {})
+        pairs = "; ".join(", ".join(f"{k} {n}" for k, n in p.items()) for p in v.get("pairs", [])) or "–"
+        forgot = max(v["forgetting"].values(), default=None) if "forgetting" in v else None
+        var = v.get("groups_with_reward_variance")
+        rows.append([name] + [_iv(v["metrics"][k]) for k in keys]
+                    + [_iv(vs.get("pass")), _iv(vs.get("solve")), _iv(vs.get("D")), _iv(vf.get("pass")), _num(forgot), pairs,
+                       "–" if var is None else f"{var:.2f}"])
+    return head, rows
+
+
+def suite_notes(doc: dict) -> list[str]:
+    """What the table cannot say in a cell: which variants are another by construction, and why."""
+    return [f"{name} is {v['same_as']} by construction, so it was not run: {v['why']}." for name, v in doc["variants"].items()
+            if "same_as" in v]
+
+
+def suite_intro(doc: dict) -> str:
+    return (f"Preset `{doc['config']['preset']}` ({doc['preset']}), seed {doc['config']['seed']}; every variant under the same "
+            "protocol, budget and evaluation seeds, reusing the same untrained wake data. Intervals: 95% bootstrap; "
+            "differences paired on the same episodes.")
 
 
 def suite_markdown(doc: dict) -> str:
-    """The methods or ablations table: last-cycle metrics per variant, and the paired
-    difference of PassRate and D against the untrained model on the same episodes."""
-    keys = list(METRIC_LABELS)
-    head = ["variant"] + [METRIC_LABELS[k] for k in keys] + ["PassRate - untrained", "SolveRate - untrained", "D - untrained",
-                                                           "pairs kept (per cycle)"]
-    out = [f"# ASCENT-Bench {doc['suite']} suite ({doc['version']}, {doc['metrics_contract']})", "",
-           f"Preset `{doc['config']['preset']}` ({doc['preset']}), seed {doc['config']['seed']}; every variant under the same "
-           "protocol, budget and evaluation seeds, reusing the same untrained wake data.", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, v in doc["variants"].items():
-        vs = v.get("vs_untrained", {})
-        pairs = "; ".join(", ".join(f"{k} {n}" for k, n in p.items()) for p in v.get("pairs", [])) or "–"
-        out.append("| " + " | ".join([name] + [_iv(v["metrics"][k]) for k in keys]
-                                     + [_iv(vs.get("pass")), _iv(vs.get("solve")), _iv(vs.get("D")), pairs]) + " |")
-    return "\n".join(out)
+    """The methods or ablations report: :func:`suite_rows` and :func:`suite_notes`."""
+    head, rows = suite_rows(doc)
+    return "\n".join([f"# ASCENT-Bench {doc['suite']} suite ({doc['version']}, {doc['metrics_contract']})", "", suite_intro(doc), "",
+                      "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows),
+                      *(["", *suite_notes(doc)] if suite_notes(doc) else [])])
+
+
+def suite_plot(doc: dict) -> str:
+    """PassRate and D of every run variant at the last cycle (mean, 95% interval), the untrained
+    model first; a variant that is another by construction is drawn at that one's values, hollow."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(doc["variants"])
+    own = {n: doc["variants"][doc["variants"][n].get("same_as", n)] for n in names}
+    with plt.rc_context({"font.size": 9, "axes.titlesize": 10}):
+        fig, axes = plt.subplots(1, 2, figsize=(10.2, 0.35 * len(names) + 1.4), squeeze=False, sharey=True)
+        for ax, (m, label) in zip(axes[0], (("pass", "PassRate"), ("D", "D (diagnostic)"))):
+            for i, n in enumerate(names):
+                iv = own[n]["metrics"][m]
+                hollow = "same_as" in doc["variants"][n]
+                ax.errorbar([iv["mean"]], [i], xerr=[[iv["mean"] - iv["lo"]], [iv["hi"] - iv["mean"]]], fmt="o", capsize=3,
+                            color="C0" if i else "C7", markerfacecolor="white" if hollow else None)
+            ax.set_xlim(-0.05, 1.05)
+            ax.set_title(f"{label}, last cycle")
+            ax.grid(axis="x", lw=0.3)
+        axes[0][0].set_yticks(range(len(names)), names)
+        axes[0][0].invert_yaxis()
+        fig.suptitle(f"{doc['suite']} suite: mean and 95% bootstrap interval (hollow: the same run as the variant it names)")
+        fig.tight_layout()
+        return _png(fig)
+
+
+def suite_html(doc: dict) -> str:
+    """A suite's page: the table, the notes and :func:`suite_plot`."""
+    title = f"ASCENT-Bench {doc['suite']} suite ({doc['version']}, {doc['metrics_contract']})"
+    notes = "".join(f"<p>{html.escape(n)}</p>" for n in suite_notes(doc))
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head>"
+            f"<body><h1>{html.escape(title)}</h1><p>{html.escape(suite_intro(doc)).replace('`', '')}</p>"
+            f"{_table_html(*suite_rows(doc), cls='suite')}{notes}"
+            f'<figure><img alt="variants" src="data:image/png;base64,{suite_plot(doc)}"></figure></body></html>')
 
 
 # ------------------------------------------------------------------ plots
@@ -472,6 +551,7 @@ def html_report(doc: dict, images: dict[str, str], episodes: list[dict], shared:
     (``shared``: the texts their prompts refer to by index)."""
     tables = "".join(f"<h2>{html.escape(title)}</h2>" + _table_html(*fn(doc), cls=fn.__name__.replace("_rows", ""),
                                                                  links=row_links(fn.__name__, doc))
+                     + (f"<p>{html.escape(jn)}</p>" if fn is judge_rows and (jn := judge_note(doc)) else "")
                      for title, fn in TABLES if fn(doc)[1])
     figs = "".join(f'<figure><img alt="{name}" src="data:image/png;base64,{b64}"></figure>' for name, b64 in images.items())
     data = json.dumps(episodes).replace("<", "\\u003c")  # no "</script>" or "<!--" can end the script element

@@ -489,7 +489,7 @@ def _run_bench(cfg, suite: str = "main") -> None:
     _run_log(out)
     if suite in SUITES:
         _with_bars(lambda progress: run_suite(cfg, suite, log=_say, progress=progress))
-        _say((Path(out) / suite / "suite.md").read_text())
+        _say((Path(out) / suite / "report.md").read_text())
         return
     result = _with_bars(lambda progress: run_bench(cfg, log=_say, progress=progress))
     for title, fn in (("main table (last cycle)", main_rows), ("PassRate differences by tier (last cycle, paired)", tier_rows),
@@ -518,7 +518,8 @@ def _run_bench(cfg, suite: str = "main") -> None:
 config_command(app, "bench", BenchConfig, _run_bench, aliases={"scenarios": "--scenario"}, ignore=RECORDED_KEYS,
                added=BENCH_ADDED_FIELDS, extra=[
     _param("suite", Literal["main", "methods", "ablations"], typer.Option(
-        "main", help="main (arms A, B, C and references), methods (M0-M4) or ablations (E0-E6)"))])
+        "main", help="main (arms A, B, C and references), methods (M0-M4) or ablations (E0-E6; with the bundled model "
+                     "as --judge unless one is named, so E2 has proxy evidence to admit)"))])
 
 
 def _run_tom(cfg) -> None:

@@ -67,7 +67,9 @@ class Gating:
 
     quality_threshold: float = field(default=0.5, metadata={"check": SHARE, "help": "least share of paired rollouts in which chosen beats rejected"})
     template_cap: int = field(default=6, metadata={"check": at_least(1), "help": "most pairs per template key (scenario, chosen action, rejected action)"})
-    gating: Literal["strict", "off"] = field(default="strict", metadata={"help": "strict provenance gating, or off (ablation)"})
+    gating: Literal["strict", "off"] = field(default="strict", metadata={"help": (
+        "strict provenance gating, or off (the ablation: evidence of any source; screening, the quality threshold "
+        "included, still applies)")})
     replay: float = field(default=0.0, metadata={"check": at_least(0),
         "help": "replay from earlier cycles: add up to this many times this cycle's kept pairs (per track) from the "
                 "pairs earlier cycles kept, drawn by a seeded RNG (0: off)"})

@@ -310,11 +310,13 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
 
 def _judged(cfg: LoopConfig, run: RunDir, d: CycleFiles, wake: list[EpisodeRecord], ref: dict[tuple[str, int], EpisodeRecord],
             specs: dict, log: Callable[[str], None]) -> dict[str, JudgeRec] | None:
-    """With ``cfg.judge``: the judge's record of every wake and reference episode of cycle folder
-    ``d`` (made once, ``wake/judge.jsonl``), by episode id; else None."""
+    """With ``cfg.judge``: the judge's record of every wake episode of cycle folder ``d`` and of the
+    reference episode on its seed, the two a judge ranks (made once, ``wake/judge.jsonl``), by
+    episode id; else None. Reference episodes on the other training seeds pair with no wake
+    episode, so nothing reads a judgement of them."""
     if not cfg.judge:
         return None
-    eps = [*wake, *(ref[k] for k in sorted(ref))]
+    eps = [*wake, *(ref[k] for k in sorted({(e.scenario_id, e.seed) for e in wake}) if k in ref)]
     if run.produce(d.wake_judged, f"judge:{cfg.judge}",
                    lambda p: write_judged(p, checked_judgement(
                        cfg.judge, judge_episodes(cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), JUDGE_MAX_ENDPOINT_FAILURES)),
@@ -356,7 +358,7 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
             resume = trained["action"]
             data = {"pairs": pairs + read_pairs(run.path(d.pairs("action")))}
         if cfg.train.method == "grpo":
-            data = {"grpo_rows": grpo_rows(pairs), "specs": specs}
+            data = {"grpo_rows": grpo_rows(pairs), "specs": specs, "returns": cfg.sleep.build}
         tcfg = replace(cfg.train, steps=min(cfg.train.steps, cfg.dialogue_steps)) if name == "dialogue" and cfg.dialogue_steps else cfg.train
         if name == "dialogue" and tcfg.method == "listwise":  # the words: likelihood of the whole turn (listwise decides actions)
             tcfg = replace(tcfg, method="sft")

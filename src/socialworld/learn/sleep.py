@@ -46,7 +46,10 @@ strict gating, with a report that counts every exclusion by reason.
   when they were built. Each cycle's adapter then also sees what earlier cycles taught.
 * **Gating** — action track: the source episode's U, A_e, S_npc and D must be numbers with source
   ``direct`` or ``fused`` (``degraded``, ``proxy``, ``missing`` excluded); dialogue track:
-  relaxed (its episode's D must be a number). ``gating="off"`` skips it (the ablation).
+  relaxed (its episode's D must be a number). ``gating="off"`` skips it (E2, no source constraints:
+  the screening, quality threshold included, still applies, so it admits exactly the pairs strict
+  gating excluded for their evidence). A judge's ranking is ``proxy`` evidence; the report counts how
+  often the judge ordered the two episodes it ranked as their returns do (``judge_agreement``).
 
 Pairs are TRL conversational preference rows (``prompt``/``chosen``/``rejected`` as message
 lists) plus our metadata columns, written to Parquet.
@@ -75,6 +78,7 @@ from socialworld.agents.registry import make_policy
 from socialworld.core import Action
 from socialworld.learn.config import PairBuild, SleepConfig
 from socialworld.records import EpisodeRecord, JudgeRec, StepRecord
+from socialworld.rollout.judge import RankAgreement, episode_return, rank_agreement
 from socialworld.rollout.runner import decide
 from socialworld.world.engine import World
 from socialworld.world.rng import derive_seed
@@ -162,13 +166,17 @@ class GatingReport:
     """track -> pairs added from earlier cycles (not in ``kept``)"""
     replaced: int = 0
     """lone surrogates in the written pairs' text replaced by U+FFFD (Parquet strings are UTF-8)"""
+    judge_agreement: RankAgreement = field(default_factory=RankAgreement)
+    """with an LM judge: how often its goal scores ordered each wake episode and its reference
+    episode as their returns do (in ``gating.json`` only where a judge ranked any)"""
 
     def exclude(self, track: str, reason: str) -> None:
         self.excluded[f"{track}:{reason}"] += 1
 
     def as_dict(self) -> dict:
         return {"candidates": self.candidates, "kept": dict(self.kept), "excluded": dict(sorted(self.excluded.items())),
-                "replayed": dict(self.replayed), "replaced_surrogates": self.replaced}
+                "replayed": dict(self.replayed), "replaced_surrogates": self.replaced,
+                **({"judge_agreement": self.judge_agreement.as_dict()} if self.judge_agreement != RankAgreement() else {})}
 
 
 # ------------------------------------------------------------------ replay and counterfactual values
@@ -199,8 +207,10 @@ def replay(spec: ScenarioSpec, ep: EpisodeRecord) -> Iterator[tuple[StepRecord, 
             raise ReplayMismatch(f"{ep.episode_id} step {s.setting.step}: reward {res.reward} != recorded {s.signals.reward.value}")
 
 
-def rollout_returns(w0: World, first: Action, cfg: PairBuild, key: Sequence[int | str]) -> list[float]:
-    """Returns of ``cfg.rollouts`` continuations: step ``first``, then the continuation policy
+def rollout_returns(w0: World, first: Action | None, cfg: PairBuild, key: Sequence[int | str],
+                    parse_error: str | None = None) -> list[float]:
+    """Returns of ``cfg.rollouts`` continuations: step ``first`` (None with ``parse_error``: an
+    unparseable reply, which the world executes as a penalised ``wait``), then the continuation policy
     for up to ``cfg.horizon`` steps. Return = sum of step rewards (Phi gain minus costs), step t's
     weighted by ``cfg.discount ** t`` (1 unless set: then exactly the sum as before). With
     ``cfg.values == "imagined"`` continuation m runs in an imagined world
@@ -214,7 +224,7 @@ def rollout_returns(w0: World, first: Action, cfg: PairBuild, key: Sequence[int 
         w = imagine(w0, seed) if cfg.values == "imagined" else w0.fork(reseed=seed)
         pol = make_policy(cfg.continuation, seed=derive_seed(cfg.seed, *key, m, "policy"))
         pol.reset(["cf"])
-        ret = w.step(first).reward
+        ret = w.step(first, parse_error=parse_error).reward
         for t in range(1, cfg.horizon + 1):
             if w.done:
                 break
@@ -372,10 +382,6 @@ def _say(w: World, a: Action) -> Action:
     return say(observe(w.spec, w.pub), a)
 
 
-def _episode_return(ep: EpisodeRecord) -> float:
-    return sum(s.signals.reward.value or 0.0 for s in ep.steps)
-
-
 def _dialogue_pair(spec: ScenarioSpec, ep: EpisodeRecord, w: World, s: StepRecord, said: tuple[str, str],
                    values: tuple[float, float], qs: tuple[float, float], provenance: str, id_parts: tuple, key: str,
                    chosen_by: ChosenBy) -> Pair:
@@ -395,7 +401,7 @@ def dialogue_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, cfg: 
     """Trajectory-level utterance pairs from two episodes of the same scenario and seed."""
     if (a.scenario_id, a.seed) != (b.scenario_id, b.seed):
         raise ValueError("dialogue pairs need two episodes of the same scenario and seed")
-    hi, lo = (a, b) if (_episode_return(a), a.episode_id) >= (_episode_return(b), b.episode_id) else (b, a)
+    hi, lo = (a, b) if (episode_return(a), a.episode_id) >= (episode_return(b), b.episode_id) else (b, a)
     pairs = []
     for (sh, wh), sl in zip(replay(spec, hi), lo.steps):
         report.candidates += 1
@@ -407,7 +413,7 @@ def dialogue_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, cfg: 
             report.exclude("dialogue", "below_margin")
             continue
         pairs.append(_dialogue_pair(
-            spec, hi, wh, sh, (sh.dialogue.utterance, sl.dialogue.utterance), (_episode_return(hi), _episode_return(lo)),
+            spec, hi, wh, sh, (sh.dialogue.utterance, sl.dialogue.utterance), (episode_return(hi), episode_return(lo)),
             (qh, ql), f"trajectory_pair(q_t {qh:.2f} vs {ql:.2f})", (hi.episode_id, lo.episode_id),
             f"{hi.scenario_id}:say:{sh.action.executed.split('(')[0]}", "return"))
     return pairs
@@ -426,6 +432,7 @@ def judge_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, ja: Judg
     ga, gb = ja.scores["goal"].value, jb.scores["goal"].value
     hi, lo, gh, gl = (a, b, ga, gb) if (ga, a.episode_id) >= (gb, b.episode_id) else (b, a, gb, ga)
     report.candidates += 1
+    report.judge_agreement += rank_agreement([(ga, gb, episode_return(a), episode_return(b))])  # type: ignore[list-item]
     if gh - gl < cfg.judge_margin:
         report.exclude("judge", "below_margin")
         return []
@@ -548,6 +555,7 @@ def candidate_pairs(specs: dict[str, ScenarioSpec], wake: Sequence[EpisodeRecord
         pairs += made
         report.candidates += part.candidates
         report.excluded.update(part.excluded)
+        report.judge_agreement += part.judge_agreement
     return pairs
 
 
@@ -572,15 +580,15 @@ def screen_and_gate(pairs: Sequence[Pair], cfg: SleepConfig, report: GatingRepor
         if already_right is not None and already_right(p):
             report.exclude(p.track, "capability")
             continue
+        if p.track == "action" and p.quality < cfg.quality_threshold and not (cfg.label_gate == "disagree" and p.chosen_by == "label"):
+            report.exclude(p.track, "low_quality")
+            continue
         if cfg.gating == "strict":
             if p.track == "action":
                 bad = [k for k, src in p.evidence.items() if src not in GOOD_SOURCES]
                 if bad:
                     src = p.evidence[bad[0]]
                     report.exclude(p.track, f"{src}_evidence")
-                    continue
-                if p.quality < cfg.quality_threshold and not (cfg.label_gate == "disagree" and p.chosen_by == "label"):
-                    report.exclude(p.track, "low_quality")
                     continue
             elif p.evidence.get("D") == "missing":
                 report.exclude(p.track, "missing_evidence")

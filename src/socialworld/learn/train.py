@@ -15,6 +15,7 @@ integrations. A resumed adapter is loaded trainable (``is_trainable=True``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -23,11 +24,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import fmean
 from typing import Any, Callable, Literal, Sequence
 
 from socialworld.agents.lm.prompts import parse_output
-from socialworld.learn.config import TrainConfig
-from socialworld.learn.sleep import Pair
+from socialworld.learn.config import PairBuild, TrainConfig
+from socialworld.learn.sleep import Pair, rollout_returns
 from socialworld.records import TMP_MARK, Document
 from socialworld.text.reply import action_kind as turn_action_kind
 from socialworld.world.engine import World
@@ -52,6 +54,9 @@ class TrainRecord(Document):
     """``pairs`` (given before balancing), ``given`` (after it), ``trained_on`` (what TRL kept)"""
     stopped: str | None = None
     """why training stopped before its planned steps (:func:`flat_reward_stop`), if it did"""
+    reward_zero_std: list[float] = []
+    """GRPO: TRL's ``frac_reward_zero_std`` at each logged step, the share of groups whose completions
+    all got the same reward (no advantage there, so no gradient); empty for the other methods"""
 
 
 @dataclass(frozen=True)
@@ -260,9 +265,12 @@ def _count(pairs: Sequence[Pair] | str | Path) -> int:
 
 def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path = (),
                   grpo_rows: Sequence[dict[str, Any]] = (), specs: dict[str, ScenarioSpec] | None = None,
-                  resume_from: str | Path | None = None, progress: Callable[[int], Callable[[Any], None]] | None = None) -> TrainResult:
+                  resume_from: str | Path | None = None, progress: Callable[[int], Callable[[Any], None]] | None = None,
+                  returns: PairBuild | None = None) -> TrainResult:
     """Train one LoRA adapter and save it (PEFT format) to ``out_dir``. ``pairs``: Pair objects
-    or a pairs Parquet file (dpo, sft); ``grpo_rows``: prompts with world snapshots (grpo).
+    or a pairs Parquet file (dpo, sft); ``grpo_rows``: prompts with world snapshots (grpo), each
+    completion rewarded by :func:`simulator_reward` (with ``returns``: the step's return under the
+    sleep phase's continuations, else its reward alone).
     ``progress(total_steps)`` returns a function called after each optimizer step. Nothing is
     printed per step (the losses are in the adapter's ``socialworld-train.json``)."""
     out = Path(out_dir)
@@ -271,14 +279,14 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
     # the loop trains: a killed run's scratch goes with it), never in the system temp directory
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.{TMP_MARK}", dir=out.parent))
     try:
-        return _train(base_path, out, scratch, cfg, pairs, grpo_rows, specs, resume_from, progress)
+        return _train(base_path, out, scratch, cfg, pairs, grpo_rows, specs, resume_from, progress, returns)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path,
            grpo_rows: Sequence[dict[str, Any]], specs: dict[str, ScenarioSpec] | None, resume_from: str | Path | None,
-           progress: Callable[[int], Callable[[Any], None]] | None) -> TrainResult:
+           progress: Callable[[int], Callable[[Any], None]] | None, returns: PairBuild | None = None) -> TrainResult:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import set_seed
@@ -322,7 +330,7 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
         data = Dataset.from_list(list(grpo_rows))
         pairs_in = len(data)
         trainer = GRPOTrainer(
-            model=model, reward_funcs=[simulator_reward(specs)], processing_class=tok,
+            model=model, reward_funcs=[simulator_reward(specs, returns)], processing_class=tok,
             args=_args(cfg, scratch, GRPOConfig, beta=cfg.beta, num_generations=cfg.num_generations,
                        # TRL needs the generation batch divisible by both the batch and the group size
                        generation_batch_size=math.lcm(cfg.batch_size, cfg.num_generations),
@@ -361,7 +369,8 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
     canonical_adapter_config(out, base_path)
     t2 = time.perf_counter()
     record = TrainRecord(config=cfg, dtype=compute_dtype(cfg), steps=trainer.state.global_step, losses=losses, rows=rows,
-                         stopped=stopped)
+                         stopped=stopped, reward_zero_std=[float(h["frac_reward_zero_std"]) for h in trainer.state.log_history
+                                                           if "frac_reward_zero_std" in h])
     (out / TRAIN_RECORD).write_text(record.to_json())
     return TrainResult(cfg.method, trainer.state.global_step, losses, t2 - t0, str(out), train_seconds=train_seconds,
                        stopped=stopped)
@@ -413,18 +422,27 @@ def canonical_adapter_config(folder: str | Path, base_path: str | Path | None = 
         path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
-def simulator_reward(specs: dict[str, ScenarioSpec]):
+def simulator_reward(specs: dict[str, ScenarioSpec], returns: PairBuild | None = None):
     """GRPO reward: for each completion, restore the row's world ``snapshot``, parse the
-    completion strictly, step the world once and return the step reward (the world applies the
-    penalty to unparseable or illegal output, which it executes as ``wait``)."""
-
+    completion strictly and step the world once (the world applies the penalty to unparseable or
+    illegal output, which it executes as ``wait``). Without ``returns`` the reward is that step's
+    reward; with it, the step's exact return as the sleep phase values a candidate
+    (:func:`socialworld.learn.sleep.rollout_returns`): the mean over ``returns.rollouts``
+    continuations of ``returns.continuation`` of the step's reward plus ``gamma^t`` times step t's,
+    the continuations of one prompt's completions reseeded alike (common random numbers), so
+    completions differ in reward exactly where their moves lead to different outcomes. A one-step
+    reward is 0 for most moves at most states, and a group of equal rewards has no gradient."""
     def reward(prompts: list, completions: list, snapshot: list[str], scenario_id: list[str], **_: Any) -> list[float]:
         out = []
         for comp, snap, sid in zip(completions, snapshot, scenario_id):
             text = comp[-1]["content"] if isinstance(comp, list) else str(comp)
             w = World.restore(snap, specs[sid])
             action, _belief, error = parse_output(text, observe(w.spec, w.pub))
-            out.append(float(w.step(action, parse_error=error).reward))
+            if returns is None:
+                out.append(float(w.step(action, parse_error=error).reward))
+            else:
+                key = ("grpo", sid, hashlib.sha256(snap.encode()).hexdigest()[:16])
+                out.append(fmean(rollout_returns(w, action, returns, key, parse_error=error)))
         return out
 
     reward.__name__ = "simulator_reward"

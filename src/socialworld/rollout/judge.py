@@ -146,3 +146,65 @@ def summarise(recs: Sequence[JudgeRec]) -> JudgeSummary:
         endpoint_failures=sum(r.failure == "endpoint" for r in recs), unparseable=sum(r.failure == "unparseable" for r in recs),
         means={d: (fmean(r.scores[d].value for r in ok) if ok else None) for d in JUDGE_DIMENSIONS},  # type: ignore[misc]
     )
+
+
+def episode_return(ep: EpisodeRecord) -> float:
+    """The world's own score of a whole episode: the sum of its step rewards (an unscored step counts 0)."""
+    return sum(s.signals.reward.value or 0.0 for s in ep.steps)
+
+
+@dataclass(frozen=True)
+class RankAgreement:
+    """How often a judge orders two episodes of the same scenario and seed as the world does (by
+    :func:`episode_return`). Over the pairs the world orders strictly,
+
+        agreement = agree / (agree + disagree + judge_ties)
+
+    (a judge that scores both alike has not ranked them: a tie counts against it); pairs the world
+    scores alike are counted apart (``world_ties``) and never compared. 0.5 is a coin's agreement."""
+
+    agree: int = 0
+    disagree: int = 0
+    judge_ties: int = 0
+    world_ties: int = 0
+
+    @property
+    def compared(self) -> int:
+        return self.agree + self.disagree + self.judge_ties
+
+    @property
+    def agreement(self) -> float | None:
+        """None when no pair was compared."""
+        return self.agree / self.compared if self.compared else None
+
+    def __add__(self, other: RankAgreement) -> RankAgreement:
+        return RankAgreement(self.agree + other.agree, self.disagree + other.disagree, self.judge_ties + other.judge_ties,
+                             self.world_ties + other.world_ties)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"agree": self.agree, "disagree": self.disagree, "judge_ties": self.judge_ties, "world_ties": self.world_ties,
+                "compared": self.compared, "agreement": self.agreement}
+
+
+def rank_agreement(pairs: Sequence[tuple[float, float, float, float]]) -> RankAgreement:
+    """:class:`RankAgreement` of ``(judge_a, judge_b, world_a, world_b)`` score pairs."""
+    out = RankAgreement()
+    for ja, jb, wa, wb in pairs:
+        world, judge = (wa > wb) - (wa < wb), (ja > jb) - (ja < jb)
+        out += RankAgreement(world_ties=1) if world == 0 else RankAgreement(judge_ties=1) if judge == 0 else \
+            RankAgreement(agree=1) if judge == world else RankAgreement(disagree=1)
+    return out
+
+
+def judge_agreement(episodes: Sequence[EpisodeRecord], judged: dict[str, JudgeRec], dimension: str = "goal") -> RankAgreement:
+    """:func:`rank_agreement` of the judge's ``dimension`` score against :func:`episode_return` over
+    every two of ``episodes`` that share a scenario and seed (different policies on the same task),
+    each judged without failure; episodes without a usable judgement are left out."""
+    by_task: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for e in episodes:
+        rec = judged.get(e.episode_id)
+        score = rec.scores[dimension].value if rec is not None and rec.failure is None else None
+        if score is not None:
+            by_task.setdefault((e.scenario_id, e.seed), []).append((score, episode_return(e)))
+    pairs = [(a[0], b[0], a[1], b[1]) for task in sorted(by_task) for i, a in enumerate(by_task[task]) for b in by_task[task][i + 1:]]
+    return rank_agreement(pairs)
