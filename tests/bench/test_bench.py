@@ -84,6 +84,8 @@ def test_methods_suite_shares_the_untrained_data(tiny, tmp_path):
     assert manifest["cycle-1/wake/episodes.jsonl"]["producer"].startswith("copied:")  # from M4-full, which ran first
     assert "| M2-grpo |" in (tmp_path / "s" / "methods" / "report.md").read_text()
     assert "data:image/png;base64," in (tmp_path / "s" / "methods" / "report.html").read_text()
+    report = (tmp_path / "s" / "methods" / "report.md").read_text()
+    assert "| M2-grpo | 1 |" in report.split("R[cycle][tier]")[1]  # each variant's R table, a row per cycle
 
 
 def test_bench_smoke_on_a_user_scenario_file(tiny, tmp_path, my_lunch):

@@ -183,6 +183,14 @@ def suite_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def suite_r_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """Each run variant's R table, one row per cycle: PassRate per unlocked tier with its interval."""
+    tiers = sorted({t for v in doc["variants"].values() for row in v.get("R", {}).values() for t in row})
+    head = ["variant", "cycle"] + tiers
+    rows = [[name, c] + [_iv(row.get(t)) for t in tiers] for name, v in doc["variants"].items() for c, row in sorted(v.get("R", {}).items())]
+    return head, rows
+
+
 def suite_notes(doc: dict) -> list[str]:
     """What the table cannot say in a cell: which variants are another by construction, and why."""
     return [f"{name} is {v['same_as']} by construction, so it was not run: {v['why']}." for name, v in doc["variants"].items()
@@ -198,9 +206,11 @@ def suite_intro(doc: dict) -> str:
 def suite_markdown(doc: dict) -> str:
     """The methods or ablations report: :func:`suite_rows` and :func:`suite_notes`."""
     head, rows = suite_rows(doc)
+    r_head, r_rows = suite_r_rows(doc)
     return "\n".join([f"# ASCENT-Bench {doc['suite']} suite ({doc['version']}, {doc['metrics_contract']})", "", suite_intro(doc), "",
                       "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows),
-                      *(["", *suite_notes(doc)] if suite_notes(doc) else [])])
+                      *(["", *suite_notes(doc)] if suite_notes(doc) else []), "", "## Hierarchical pass rates R[cycle][tier]", "",
+                      "| " + " | ".join(r_head) + " |", "|" + "---|" * len(r_head), *("| " + " | ".join(r) + " |" for r in r_rows)])
 
 
 def suite_plot(doc: dict) -> str:
@@ -237,7 +247,8 @@ def suite_html(doc: dict) -> str:
     notes = "".join(f"<p>{html.escape(n)}</p>" for n in suite_notes(doc))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head>"
             f"<body><h1>{html.escape(title)}</h1><p>{html.escape(suite_intro(doc)).replace('`', '')}</p>"
-            f"{_table_html(*suite_rows(doc), cls='suite')}{notes}"
+            f"{_table_html(*suite_rows(doc), cls='suite')}{notes}<h2>Hierarchical pass rates R[cycle][tier]</h2>"
+            f"{_table_html(*suite_r_rows(doc), cls='r')}"
             f'<figure><img alt="variants" src="data:image/png;base64,{suite_plot(doc)}"></figure></body></html>')
 
 
