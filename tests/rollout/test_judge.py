@@ -133,8 +133,8 @@ def test_judge_agreement_pairs_the_episodes_of_one_task_and_leaves_failures_out(
 
 
 def test_the_judge_agreement_example_ranks_every_two_policies_on_each_task(tmp_path):
-    """examples/judge_agreement.py against a stub endpoint that scores the world's own return: it
-    agrees with the world on every pair the world orders."""
+    """examples/judge_agreement.py against a stub endpoint judge: every two policies' episodes of a
+    task are ranked, the counts add up, and the summary file holds them."""
     import importlib.util
     from pathlib import Path
 
@@ -145,7 +145,7 @@ def test_the_judge_agreement_example_ranks_every_two_policies_on_each_task(tmp_p
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
 
-    def reply(req, headers):  # the oracle's words are the expert's: score by who proposed the most accepted options
+    def reply(req, headers):  # more finalized decisions and accepted proposals, a higher goal score
         text = req["messages"][-1]["content"]
         goal = min(10, text.count("finalize(") * 3 + text.count("works for me"))
         return 200, {}, {"choices": [{"message": {"content": f"GOAL: {goal}\nBELIEVABILITY: 5"}}]}

@@ -112,6 +112,11 @@ TABLES = (("Main table (last cycle, 95% bootstrap intervals)", main_rows),
           ("LM judge (last cycle; proxy evidence, beside the rule metrics, never in them)", judge_rows))
 
 
+def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def judge_note(doc: dict) -> str | None:
     """How often the judge ordered two episodes of one task (scenario and seed) as the world's returns
     do, over every two arms' last-cycle episodes (None without a judge)."""
@@ -150,9 +155,7 @@ def markdown(doc: dict) -> str:
             continue
         if fn is judge_rows:
             title = f"{title}: {doc['judge']['judge']}"
-        out += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        out += ["| " + " | ".join(r) + " |" for r in rows]
-        out.append("")
+        out += [f"## {title}", "", *_md_table(head, rows), ""]
         if fn is judge_rows and (jn := judge_note(doc)):
             out += [jn, ""]
     return "\n".join(out)
@@ -205,12 +208,10 @@ def suite_intro(doc: dict) -> str:
 
 def suite_markdown(doc: dict) -> str:
     """The methods or ablations report: :func:`suite_rows` and :func:`suite_notes`."""
-    head, rows = suite_rows(doc)
-    r_head, r_rows = suite_r_rows(doc)
+    notes = suite_notes(doc)
     return "\n".join([f"# ASCENT-Bench {doc['suite']} suite ({doc['version']}, {doc['metrics_contract']})", "", suite_intro(doc), "",
-                      "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows),
-                      *(["", *suite_notes(doc)] if suite_notes(doc) else []), "", "## Hierarchical pass rates R[cycle][tier]", "",
-                      "| " + " | ".join(r_head) + " |", "|" + "---|" * len(r_head), *("| " + " | ".join(r) + " |" for r in r_rows)])
+                      *_md_table(*suite_rows(doc)), *(["", *notes] if notes else []), "",
+                      "## Hierarchical pass rates R[cycle][tier]", "", *_md_table(*suite_r_rows(doc))])
 
 
 def suite_plot(doc: dict) -> str:

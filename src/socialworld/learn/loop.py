@@ -316,7 +316,7 @@ def _judged(cfg: LoopConfig, run: RunDir, d: CycleFiles, wake: list[EpisodeRecor
     episode, so nothing reads a judgement of them."""
     if not cfg.judge:
         return None
-    eps = [*wake, *(ref[k] for k in sorted({(e.scenario_id, e.seed) for e in wake}) if k in ref)]
+    eps = [*wake, *(ref[k] for k in sorted({(e.scenario_id, e.seed) for e in wake}))]
     if run.produce(d.wake_judged, f"judge:{cfg.judge}",
                    lambda p: write_judged(p, checked_judgement(
                        cfg.judge, judge_episodes(cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), JUDGE_MAX_ENDPOINT_FAILURES)),

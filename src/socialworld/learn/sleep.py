@@ -430,9 +430,11 @@ def judge_pairs(spec: ScenarioSpec, a: EpisodeRecord, b: EpisodeRecord, ja: Judg
     if (a.scenario_id, a.seed) != (b.scenario_id, b.seed):
         raise ValueError("judge pairs need two episodes of the same scenario and seed")
     ga, gb = ja.scores["goal"].value, jb.scores["goal"].value
+    if ga is None or gb is None:
+        raise ValueError(f"judge pairs need both episodes' goal scores ({a.episode_id}: {ga}, {b.episode_id}: {gb})")
     hi, lo, gh, gl = (a, b, ga, gb) if (ga, a.episode_id) >= (gb, b.episode_id) else (b, a, gb, ga)
     report.candidates += 1
-    report.judge_agreement += rank_agreement([(ga, gb, episode_return(a), episode_return(b))])  # type: ignore[list-item]
+    report.judge_agreement += rank_agreement([(ga, gb, episode_return(a), episode_return(b))])
     if gh - gl < cfg.judge_margin:
         report.exclude("judge", "below_margin")
         return []
