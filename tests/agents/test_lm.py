@@ -238,6 +238,40 @@ def test_constrained_prefix_options_free_text_and_cache_growth(specs, tiny, monk
         decode(model, tok, prompts[:1], [[Choice("x", ())]])
 
 
+def test_sampled_decoding_draws_from_the_allowed_tokens_and_records_what_the_model_chose(specs, tiny):
+    """With a generator each choice is drawn from the softmax over the allowed tokens: the same
+    generator state draws the same turns, rows of one prompt draw different ones, and every
+    completion token says whether the model chose it (with its log-probability) or the grammar
+    forced it. The completion's tokens are the text."""
+    import math
+
+    import torch
+
+    model, tok = tiny
+    backend = HFBackend(model, tok, name="tiny", batch_size=8)
+    obs = _obs(specs, "book_club-v1", steps=2)
+    prompt = backend.prompts([build_messages(obs)])[0]
+    prog = program(obs, 4)
+    draw = lambda seed: decode(model, tok, [prompt] * 8, [prog] * 8, batch_size=8,  # noqa: E731
+                               sample=torch.Generator().manual_seed(seed))
+    rows = draw(0)
+    assert [r.text for r in draw(0)] == [r.text for r in rows]
+    assert len({r.values["action"] for r in rows}) > 1  # a random model's distribution is spread out
+    legal = {" " + a.key for a in legal_actions(obs)}
+    for r in rows:
+        assert r.values["action"] in legal and parse_output(r.text, obs)[2] is None
+        assert tok.decode(list(r.completion_ids)) == r.text
+        assert len(r.completion_ids) == len(r.chosen_mask) == len(r.logprobs) == r.tokens_out
+        assert sum(r.chosen_mask) == r.choices  # every branch the model took, and nothing forced
+        assert all(lp <= 0 if m else lp == 0 for m, lp in zip(r.chosen_mask, r.logprobs))  # (one allowed token: 0)
+        assert any(lp < 0 for lp in r.logprobs)
+        assert tok.decode([t for t, m in zip(r.completion_ids, r.chosen_mask) if not m]).startswith("BELIEF:")
+    # greedy: the same choices as before sampling existed (the argmax), and the log-probabilities are the argmax's
+    greedy = decode(model, tok, [prompt], [prog])[0]
+    assert greedy.text == backend.constrained([build_messages(obs)], [prog])[0].text
+    assert all(math.exp(lp) >= 1 / 50_000 for lp, m in zip(greedy.logprobs, greedy.chosen_mask) if m)
+
+
 def test_free_mode_counts_unparseable_output(specs, tiny):
     model, tok = tiny
     pol = LMPolicy(HFBackend(model, tok, name="tiny", max_new_tokens=16), decoding="free")

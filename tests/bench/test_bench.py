@@ -9,6 +9,8 @@ pytestmark = [pytest.mark.skipif(not find_spec("trl"), reason="needs the train e
 
 from socialworld.bench.config import PRESETS, BenchConfig
 from socialworld.bench.protocol import run_bench, run_suite  # noqa: E402
+from socialworld.bench.report import suite_markdown  # noqa: E402
+from socialworld.rundir import RunDir  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +78,9 @@ def test_methods_suite_shares_the_untrained_data(tiny, tmp_path):
     for name, over in SUITES["methods"].items():
         assert _overridden(tmp_path / "s" / "methods", name, "M4-full") == _expected(over), name
     # M2 trains GRPO on the steps' exact returns and says how many of its groups had a gradient at all
+    # (its groups are the policy's own turns sampled under the reply grammar: legal moves that lead apart)
     share = doc["variants"]["M2-grpo"]["groups_with_reward_variance"]
-    assert 0 <= share <= 1 and all(doc["variants"][n]["groups_with_reward_variance"] is None for n in ("M1-sft", "M4-full"))
+    assert 0 < share <= 1 and all(doc["variants"][n]["groups_with_reward_variance"] is None for n in ("M1-sft", "M4-full"))
     assert "vs_full" in doc["variants"]["M1-sft"] and "vs_full" not in doc["variants"]["M4-full"]
     assert list(doc["variants"]) == ["M0-untrained", "M1-sft", "M2-grpo", "M3-dpo-trajectory-ungated", "M4-full"]
     manifest = json.loads((tmp_path / "s" / "methods" / "M1-sft" / "manifest.json").read_text())["artifacts"]
@@ -86,6 +89,17 @@ def test_methods_suite_shares_the_untrained_data(tiny, tmp_path):
     assert "data:image/png;base64," in (tmp_path / "s" / "methods" / "report.html").read_text()
     report = (tmp_path / "s" / "methods" / "report.md").read_text()
     assert "| M2-grpo | 1 |" in report.split("R[cycle][tier]")[1]  # each variant's R table, a row per cycle
+    # a table that no longer matches the variants' runs (one was run again) is made again, and its reports with it
+    suite = tmp_path / "s" / "methods"
+    stale = json.loads((suite / "suite.json").read_text())
+    stale["variants"]["M2-grpo"]["groups_with_reward_variance"] = 0.123456
+    (suite / "suite.json").write_text(json.dumps(stale))
+    (suite / "report.md").write_text(suite_markdown(stale) + "\n")
+    run = RunDir(suite)
+    run.commit("suite.json", "suite")
+    run.commit("report.md", "report", inputs=["suite.json"])
+    assert "0.12" in (suite / "report.md").read_text() and run_suite(cfg, "methods", log=lambda _: None) == doc
+    assert json.loads((suite / "suite.json").read_text()) == json.loads(json.dumps(doc)) and (suite / "report.md").read_text() == report
 
 
 def test_bench_smoke_on_a_user_scenario_file(tiny, tmp_path, my_lunch):

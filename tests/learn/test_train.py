@@ -10,7 +10,18 @@ slow = pytest.mark.slow  # ~35 s of TRL training on 2 cores: run by CI's `pytest
 from socialworld.agents.registry import make_policy  # noqa: E402
 from socialworld.learn.config import SleepConfig, TrainConfig
 from socialworld.learn.sleep import GatingReport, action_pairs  # noqa: E402
-from socialworld.learn.train import action_kind, balanced_indices, grpo_rows, lora_layers, planned_steps, simulator_reward, train_adapter  # noqa: E402
+from socialworld.learn.train import (  # noqa: E402
+    TRAIN_RECORD,
+    TrainRecord,
+    action_kind,
+    balanced_indices,
+    grpo_rows,
+    lora_layers,
+    planned_steps,
+    policy_rollout,
+    simulator_reward,
+    train_adapter,
+)
 from socialworld.rollout.runner import EpisodeJob, run_episodes  # noqa: E402
 
 
@@ -105,10 +116,39 @@ def test_sft_and_grpo_with_the_simulator_reward(specs, tiny_dir, pairs, tmp_path
     got = reward([rows[0]["prompt"]] * 2, [good, [{"role": "assistant", "content": "nonsense"}]],
                  snapshot=[rows[0]["snapshot"]] * 2, scenario_id=[rows[0]["scenario_id"]] * 2)
     assert got[1] < got[0]  # unparseable output gets the penalty
-    grpo = train_adapter(tiny_dir, tmp_path / "grpo", TrainConfig(method="grpo", steps=1, batch_size=2, num_generations=2,
+    grpo = train_adapter(tiny_dir, tmp_path / "grpo", TrainConfig(method="grpo", steps=2, batch_size=4, num_generations=4,
                                                                   max_completion_length=8),
                          grpo_rows=rows[:2], specs=specs)
-    assert grpo.steps == 1 and (tmp_path / "grpo" / "adapter_model.safetensors").exists()
+    assert grpo.steps == 2 and (tmp_path / "grpo" / "adapter_model.safetensors").exists()
+    record = TrainRecord.model_validate_json((tmp_path / "grpo" / TRAIN_RECORD).read_text())
+    assert min(record.reward_zero_std) < 1  # the sampled legal moves lead apart: some group has an advantage
+
+
+def test_grpo_samples_the_policys_own_legal_turns_and_trains_only_what_it_chose(specs, tiny_dir, pairs):
+    """M2's completions (TRL's ``rollout_func``): each row's turn drawn under the policy's reply
+    grammar at that row's state, reproducibly from the seed; the grammar's forced text is masked out."""
+    from types import SimpleNamespace
+
+    from socialworld.agents.lm.prompts import parse_output
+    from socialworld.agents.models import load_hf
+    from socialworld.world.engine import World
+    from socialworld.world.visibility import observe
+
+    model, tok = load_hf(tiny_dir, dtype="float32")
+    rows = grpo_rows(pairs)[:2]
+    prompts = [rows[0]["prompt"]] * 4 + [rows[1]["prompt"]] * 4  # as TRL's sampler repeats a group's prompt
+    trainer = SimpleNamespace(model=model)
+    got = policy_rollout(rows, specs, tok, seed=0)(prompts, trainer)
+    assert got == policy_rollout(rows, specs, tok, seed=0)(prompts, trainer)
+    assert got != policy_rollout(rows, specs, tok, seed=1)(prompts, trainer)
+    assert [len(ids) for ids in got["prompt_ids"]] == [len(tok.apply_chat_template(p, add_generation_prompt=True)["input_ids"])
+                                                       for p in prompts]
+    for i, (ids, mask) in enumerate(zip(got["completion_ids"], got["env_mask"])):
+        row = rows[i // 4]
+        w = World.restore(row["snapshot"], specs[row["scenario_id"]])
+        action, _belief, error = parse_output(tok.decode(ids), observe(w.spec, w.pub))
+        assert error is None and w.check_legal(action) is None
+        assert len(mask) == len(ids) == len(got["logprobs"][i]) and 0 < sum(mask) < len(ids)
 
 
 @slow

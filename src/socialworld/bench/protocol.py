@@ -396,7 +396,12 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
            "preset": asdict(PRESETS[cfg.preset]), "full": full, "variants": rows}
     from socialworld.bench.report import suite_html, suite_markdown
 
-    run.produce("suite.json", "suite", lambda p: atomic_write_text(p, json.dumps(doc, indent=1, sort_keys=True) + "\n"))
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    if run.complete("suite.json") and run.path("suite.json").read_text() != text:
+        # a variant was run again since (its folder removed, or new code): the table follows the runs,
+        # and the reports (their input) follow the table
+        run.path("suite.json").unlink()
+    run.produce("suite.json", "suite", lambda p: atomic_write_text(p, text))
     run.produce("report.md", "report", lambda p: atomic_write_text(p, suite_markdown(doc) + "\n"), inputs=["suite.json"])
     run.produce("report.html", "report", lambda p: atomic_write_text(p, suite_html(doc)), inputs=["suite.json"])
     return doc

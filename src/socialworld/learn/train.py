@@ -3,9 +3,9 @@
 * ``dpo`` — ``DPOTrainer`` on preference pairs (TRL's conversational format, as
   :mod:`socialworld.learn.sleep` writes them);
 * ``sft`` — ``SFTTrainer`` on the chosen side only (prompt-completion: behaviour cloning);
-* ``grpo`` — ``GRPOTrainer`` whose reward restores the step's world snapshot and returns the
-  simulator's reward for the completion's action (:func:`simulator_reward`; an unparseable or
-  illegal completion gets the world's own penalty).
+* ``grpo`` — ``GRPOTrainer`` whose completions are the policy's own turns sampled under its reply
+  grammar (:func:`policy_rollout`) and whose reward restores the step's world snapshot and returns
+  the completion's exact return (:func:`simulator_reward`).
 
 Each call trains one LoRA adapter (one per track) and saves it in PEFT format. CPU-safe
 defaults: fp32 weights (bf16 autocast only where the hardware has native bf16), ``use_cpu``
@@ -331,6 +331,7 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
         pairs_in = len(data)
         trainer = GRPOTrainer(
             model=model, reward_funcs=[simulator_reward(specs, returns)], processing_class=tok,
+            rollout_func=policy_rollout(grpo_rows, specs, tok, cfg.seed),
             args=_args(cfg, scratch, GRPOConfig, beta=cfg.beta, num_generations=cfg.num_generations,
                        # TRL needs the generation batch divisible by both the batch and the group size
                        generation_batch_size=math.lcm(cfg.batch_size, cfg.num_generations),
@@ -447,6 +448,41 @@ def simulator_reward(specs: dict[str, ScenarioSpec], returns: PairBuild | None =
 
     reward.__name__ = "simulator_reward"
     return reward
+
+
+def policy_rollout(rows: Sequence[dict[str, Any]], specs: dict[str, ScenarioSpec], tokenizer: Any, seed: int,
+                   temperature: float = 1.0) -> Callable[[list, Any], dict[str, list]]:
+    """GRPO's completions (TRL's ``rollout_func``): at each row's state, the turn the policy being
+    trained writes under its own reply grammar (:func:`socialworld.agents.lm.policy.program`: a
+    BELIEF, one legal ACTION, a SAY line), every choice sampled at ``temperature`` from a
+    generator seeded with ``seed``. Only the tokens the model chose are trained (TRL's ``env_mask``);
+    the grammar's forced text is not. Free generation is the wrong distribution here: sampled
+    unconstrained, the untrained bundled model never wrote an ACTION line, so every completion of a
+    group got the same unparseable penalty, and no group had an advantage (methods suite,
+    2026-11-28). The policy decodes constrained, and so is sampled constrained."""
+    import torch
+
+    from socialworld.agents.lm.constrained import decode
+    from socialworld.agents.lm.policy import SAY_TOKENS, program
+
+    states = {json.dumps(r["prompt"], sort_keys=True): (r["snapshot"], r["scenario_id"]) for r in rows}
+    generator = torch.Generator().manual_seed(seed)
+
+    def rollout(prompts: list, trainer: Any) -> dict[str, list]:
+        programs = []
+        for p in prompts:
+            snap, sid = states[json.dumps(p, sort_keys=True)]
+            w = World.restore(snap, specs[sid])
+            programs.append(program(observe(w.spec, w.pub), SAY_TOKENS))
+        texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+        # unmerged: the adapter's output added as the trainer's forward adds it
+        got = decode(trainer.model, tokenizer, texts, programs, batch_size=len(texts), merge=False, sample=generator,
+                     temperature=temperature)
+        return {"prompt_ids": [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts],
+                "completion_ids": [list(d.completion_ids) for d in got], "logprobs": [list(d.logprobs) for d in got],
+                "env_mask": [list(d.chosen_mask) for d in got]}
+
+    return rollout
 
 
 def grpo_rows(pairs: Sequence[Pair]) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""Grammar-constrained greedy decoding for local models: output parseable by construction.
+"""Grammar-constrained decoding for local models: output parseable by construction. Greedy, or
+sampled from the model's distribution over what the grammar allows (GRPO's rollouts).
 
 A *program* is a sequence of segments a completion must follow:
 
@@ -156,6 +157,14 @@ class Decoded:
     choices: int
     """tokens the model actually chose (trie branch points and free tokens)"""
     latency_s: float
+    completion_ids: tuple[int, ...] = ()
+    """the completion's tokens as fed, forced and chosen"""
+    chosen_mask: tuple[int, ...] = ()
+    """per completion token: 1 where the model chose it (a branch of a choice, a free token, the
+    token that ended a choice), 0 where the program forced it"""
+    logprobs: tuple[float, ...] = ()
+    """per completion token: the log-probability it was chosen with, over what the program allowed
+    there (0 for a forced token)"""
 
 
 def _merge_forced(program: Sequence[Segment]) -> list[Segment]:
@@ -183,16 +192,44 @@ class _Row:
     text: list[str] = field(default_factory=list)
     out: int = 0  # completion tokens queued (forced + chosen + generated)
     chosen: int = 0
+    completion: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)
+    carry: float | None = None  # the log-probability of a choice's end, chosen as the next forced text's first token
 
-    def queue(self, tokens: Sequence[int]) -> None:
+    def queue(self, tokens: Sequence[int], logp: float | None = None) -> None:
+        """Feed ``tokens``; the first was chosen with log-probability ``logp`` (or ``carry``), the
+        rest (or all, with neither) forced."""
         self.pending += tokens
         self.out += len(tokens)
+        if not tokens:
+            return
+        first = logp if logp is not None else self.carry
+        self.carry = None
+        self.completion += tokens
+        self.mask += [0 if first is None else 1] + [0] * (len(tokens) - 1)
+        self.logps += [first or 0.0] + [0.0] * (len(tokens) - 1)
 
 
 class _Engine:
-    def __init__(self, tokenizer: Any):
+    """``generator``: sample each choice from the model's distribution over what the program allows
+    there (softmax at ``temperature``), drawing from this ``torch.Generator``; None: greedy."""
+
+    def __init__(self, tokenizer: Any, generator: Any = None, temperature: float = 1.0):
         self.tok = tokenizer
         self._ids: dict[str, list[int]] = {}
+        self.generator, self.temperature = generator, temperature
+
+    def pick(self, scores: Any) -> tuple[int, float]:
+        """The index chosen among ``scores`` (logits of the allowed tokens) and its log-probability."""
+        import torch
+
+        logp = torch.log_softmax(scores.float() / (self.temperature if self.generator is not None else 1.0), -1)
+        if self.generator is None:
+            k = int(scores.argmax())
+        else:
+            k = int(torch.multinomial(logp.exp(), 1, generator=self.generator))
+        return k, float(logp[k])
 
     def ids(self, text: str) -> list[int]:
         if text not in self._ids:
@@ -260,12 +297,15 @@ class _Engine:
             ended = [k for k in r.alive if len(cands[k]) == r.offset]
             end_tok = self._end_token(r) if ended else None
             allowed = sorted(cont | ({end_tok} if ended else set()))
-            pick = allowed[int(logits[allowed].argmax())]
+            k, logp = self.pick(logits[allowed])
+            pick = allowed[k]
             r.chosen += 1
             if ended and pick == end_tok and pick not in cont:
+                r.carry = logp
                 self._finish_choice(r, ended[0])  # the end token is the next forced text's first token
+                r.carry = None  # (the end of the program: nothing followed to carry it)
                 return
-            r.queue([pick])
+            r.queue([pick], logp)
             r.alive = [k for k in r.alive if len(cands[k]) > r.offset and cands[k][r.offset] == pick]
             r.offset += 1
             if len(r.alive) == 1:  # unique from here on: fast-forward the rest of it
@@ -274,20 +314,20 @@ class _Engine:
                 self._finish_choice(r, k)
             return
         assert isinstance(seg, Free)
-        pick = int(logits.argmax())
+        pick, logp = self.pick(logits)
         r.chosen += 1
         piece = self.tok.decode([pick], skip_special_tokens=False)
         stop = pick == self.tok.eos_token_id or (seg.stop and seg.stop in piece)
         if not stop:
             r.free_tokens.append(pick)
-            r.queue([pick])
+            r.queue([pick], logp)
         if stop or len(r.free_tokens) >= seg.max_tokens:
             value = self.tok.decode(r.free_tokens, skip_special_tokens=True)
             r.values[seg.name] = value
             r.text.append(value)
             r.seg += 1
             if r.seg < len(r.program) and stop:
-                r.queue([pick])
+                r.queue([pick], logp)
             self._enter(r)
 
 
@@ -417,9 +457,13 @@ class MergedAdapters:
 def decode(model: Any, tokenizer: Any, prompts: Sequence[str], programs: Sequence[Sequence[Segment]],
            batch_size: int = 16, prefixes: Sequence[str] | None = None,
            prefix_cache: PrefixCache | None = None, merged: MergedAdapters | None = None,
-           merge: bool = True) -> list[Decoded]:
+           merge: bool = True, sample: Any = None, temperature: float = 1.0) -> list[Decoded]:
     """Decode each prompt under its program (greedy, constrained); batched in chunks of rows of
     similar prompt and program length (less padding), results in input order.
+
+    ``sample`` (a ``torch.Generator``): sample each choice from the model's distribution over what
+    the program allows there, at ``temperature``, instead of taking the most likely (the rows'
+    draws follow the chunks' order, so the same inputs and generator state draw the same turns).
 
     ``prefixes[i]``, when given, is a prefix of ``prompts[i]`` (e.g. the system message) whose KV
     state is computed once and kept in ``prefix_cache``; without them each chunk shares the
@@ -435,7 +479,8 @@ def decode(model: Any, tokenizer: Any, prompts: Sequence[str], programs: Sequenc
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         rows = _decode_chunk(model, tokenizer, [prompts[i] for i in idx], [programs[i] for i in idx],
-                             None if prefixes is None else [prefixes[i] for i in idx], cache, merged_or_none)
+                             None if prefixes is None else [prefixes[i] for i in idx], cache, merged_or_none,
+                             _Engine(tokenizer, sample, temperature))
         out.update(zip(idx, rows))
     return [out[i] for i in range(len(prompts))]
 
@@ -490,11 +535,11 @@ class _Cache:
 
 def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: Sequence[Sequence[Segment]],
                   prefixes: Sequence[str] | None, prefix_cache: PrefixCache,
-                  merged: MergedAdapters | None = None) -> list[Decoded]:
+                  merged: MergedAdapters | None = None, eng: _Engine | None = None) -> list[Decoded]:
     import torch
 
     t0 = time.perf_counter()
-    eng = _Engine(tokenizer)
+    eng = eng if eng is not None else _Engine(tokenizer)
     enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     if prefixes is None:  # the chunk's longest common token prefix, leaving each row a token of its own
         n = min(len(e) for e in enc) - 1
@@ -602,4 +647,5 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
                     if r.seg >= len(r.program):
                         r.pending = []  # finished: its last tokens need no logits
     dt = (time.perf_counter() - t0) / B
-    return [Decoded(r.values, "".join(r.text), len(e), r.out, r.chosen, dt) for r, e in zip(rows, enc)]
+    return [Decoded(r.values, "".join(r.text), len(e), r.out, r.chosen, dt, tuple(r.completion), tuple(r.mask), tuple(r.logps))
+            for r, e in zip(rows, enc)]
