@@ -144,6 +144,20 @@ def test_an_input_made_again_differently_remakes_what_was_built_from_it(tmp_path
     assert (tmp_path / "adapter.txt").read_text() == "trained on pairs of two"
 
 
+def test_a_derived_document_follows_its_sources_and_what_was_built_from_it_follows_the_document(tmp_path):
+    """``derive``: a document computed from another folder's runs is kept while its text is the same
+    and replaced (in a new process too) once it differs; what lists it as input is then stale."""
+    run = RunDir(tmp_path)
+    assert run.derive("table.json", "suite", "one\n")
+    run.produce("report.md", "report", lambda p: p.write_text("report of " + (tmp_path / "table.json").read_text()),
+                inputs=["table.json"])
+    assert not RunDir(tmp_path).derive("table.json", "suite", "one\n") and RunDir(tmp_path).complete("report.md")
+    run = RunDir(tmp_path)
+    assert run.derive("table.json", "suite", "two\n") and (tmp_path / "table.json").read_text() == "two\n"
+    run = RunDir(tmp_path)  # what the manifest says, read afresh
+    assert run.complete("table.json") and not run.complete("report.md")
+
+
 def test_a_killed_runs_temporary_names_are_removed_when_it_starts_again(tmp_path):
     import tempfile
 

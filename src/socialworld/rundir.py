@@ -215,6 +215,15 @@ class RunDir:
                                                           indent=1) + "\n")  # in the order they were made
         return True
 
+    def derive(self, rel: str, producer: str, text: str, inputs: Sequence[str] = ()) -> bool:
+        """:meth:`produce` for a document computed afresh on every run from artifacts this manifest
+        does not list (another run folder's: a bench's loop, a suite's variants): written unless
+        already there with exactly ``text``, so a resumed run whose sources changed (a variant run
+        again) replaces it instead of keeping the first one. Returns True if it (re)wrote it."""
+        if self.complete(rel) and self.path(rel).read_text() != text:
+            del self.artifacts[rel]  # listed no more, so made again (atomically, and committed)
+        return self.produce(rel, producer, lambda p: atomic_write_text(p, text), inputs)
+
     def timings(self) -> dict[str, float]:
         """Wall seconds each artifact made in this folder took (the last time it was made)."""
         try:

@@ -141,8 +141,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
         last_eps = [e for cyc in per_cycle.values() for e in cyc[max(cyc)]]
         doc["judge"] = {"judge": cfg.judge, "arms": {arm: summarise(recs).as_dict() for arm, recs in judged.items()},
                         "agreement": judge_agreement(last_eps, by_id).as_dict()}
-    run.produce("bench.json", "bench", lambda p: atomic_write_text(p, json.dumps(doc, indent=1, sort_keys=True) + "\n"),
-                inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)] + [f"judge/{a}.jsonl" for a in judged])
+    run.derive("bench.json", "bench", json.dumps(doc, indent=1, sort_keys=True) + "\n",  # B's episodes are the loop's
+               inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)] + [f"judge/{a}.jsonl" for a in judged])
     from socialworld.bench.report import write_reports
 
     write_reports(run, doc, per_cycle)
@@ -396,12 +396,8 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
            "preset": asdict(PRESETS[cfg.preset]), "full": full, "variants": rows}
     from socialworld.bench.report import suite_html, suite_markdown
 
-    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
-    if run.complete("suite.json") and run.path("suite.json").read_text() != text:
-        # a variant was run again since (its folder removed, or new code): the table follows the runs,
-        # and the reports (their input) follow the table
-        run.path("suite.json").unlink()
-    run.produce("suite.json", "suite", lambda p: atomic_write_text(p, text))
+    # a variant run again since (its folder removed) changes the table, and the reports (its inputs) follow it
+    run.derive("suite.json", "suite", json.dumps(doc, indent=1, sort_keys=True) + "\n")
     run.produce("report.md", "report", lambda p: atomic_write_text(p, suite_markdown(doc) + "\n"), inputs=["suite.json"])
     run.produce("report.html", "report", lambda p: atomic_write_text(p, suite_html(doc)), inputs=["suite.json"])
     return doc
