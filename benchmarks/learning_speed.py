@@ -3,7 +3,7 @@ this machine: seconds per training step and per decision, prompt tokens per deci
 training row, and the achieved decode throughput against the model's raw batched forward
 throughput on the same prompts.
 
-Run: ``python benchmarks/learning_speed.py`` (about 3 minutes on 2 cores); ``--steps``,
+Run: ``python benchmarks/learning_speed.py`` (about 4 minutes on 2 cores); ``--steps``,
 ``--turns`` and ``--lm-batch`` change the sample. ``--json PATH`` also writes the numbers.
 
 * training (cloning): :func:`socialworld.learn.train.train_adapter` with TRL's SFT on a plain
@@ -26,6 +26,9 @@ Run: ``python benchmarks/learning_speed.py`` (about 3 minutes on 2 cores); ``--s
   again on two batches' worth of those
   rows, so each comes back every other step and its prompt's KV is read from the store
   (``listwise.PromptKV``), as in a main job's later passes.
+* words (the dialogue track of the default recipe): the same trainer with the decision's weight 0
+  (the belief and SAY lines by likelihood) on an activated adapter, seconds per step, against TRL's
+  SFT on an activated adapter (the dialogue track's trainer until 2026-11-28).
 * raw: one batched forward pass (no generation) over the same episodes' first prompts,
   tokens/s = non-padding tokens / seconds; ratio = achieved / raw.
 """
@@ -110,6 +113,11 @@ def main() -> None:
         again = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(recipe, balance=0),
                               pairs=pairs[: 2 * RECIPE_TRAIN.batch_size])
 
+    with tempfile.TemporaryDirectory() as tmp:
+        words = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(recipe, decision_weight=0.0), pairs=pairs)
+    with tempfile.TemporaryDirectory() as tmp:
+        words_sft = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(recipe, method="sft"), pairs=pairs)
+
     # decisions: every scenario's first evaluation seed, in one lockstep batch
     jobs = [EpisodeJob(capped(s, args.turns), episode_seeds(0, s.id, 1)[0]) for s in specs.values()]
     policy = make_lm_policy("bundled", batch_size=args.lm_batch)
@@ -147,6 +155,8 @@ def main() -> None:
         "activated": {"steps": act.steps, "seconds_per_step": act.train_seconds / act.steps,
                       "rows_per_minute": 60 * act.steps * RECIPE_TRAIN.batch_size / act.train_seconds,
                       "seconds_per_step_rows_again": again.train_seconds / again.steps},
+        "words": {"steps": words.steps, "seconds_per_step": words.train_seconds / words.steps,
+                  "sft_seconds_per_step": words_sft.train_seconds / words_sft.steps},
         "decode": {"dtype": auto_dtype(), "episodes": len(eps), "decisions": len(steps), "lm_batch": args.lm_batch,
                    "seconds_per_decision": wall / len(steps), "prompt_tokens_per_decision": prompt / len(steps),
                    "achieved_tokens_per_s": processed / wall, "raw_forward_tokens_per_s": raw,
@@ -164,6 +174,9 @@ def main() -> None:
     a = out["activated"]
     print(f"activated listwise (the default recipe): {a['seconds_per_step']:.2f} s/step; rows per minute {a['rows_per_minute']:.1f}; "
           f"{a['seconds_per_step_rows_again']:.2f} s/step where rows come back (their prompts' KV kept)")
+    w = out["words"]
+    print(f"the words (the dialogue track: the same trainer at decision weight 0, activated): {w['seconds_per_step']:.2f} s/step; "
+          f"TRL's SFT on the activated adapter {w['sft_seconds_per_step']:.2f} s/step")
     print(f"decoding ({d['dtype']}, batch {d['lm_batch']}): {d['seconds_per_decision']:.3f} s/decision over {d['decisions']} "
           f"decisions; {d['prompt_tokens_per_decision']:.0f} prompt tokens per decision")
     print(f"throughput: achieved {d['achieved_tokens_per_s']:.0f} tok/s, raw batched forward {d['raw_forward_tokens_per_s']:.0f} tok/s "

@@ -149,6 +149,25 @@ def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir):
         logits = _forward(model, [one, alone_row], pad, kept)
         assert [float(x) for x in _block_logps(logits, 1, alone_row)] == pytest.approx([float(x) for x in want], abs=1e-4)
         assert [float(x) for x in _block_logps(logits, 0, one)] == pytest.approx(got[1], abs=1e-4)
+    # under bf16 autocast the keys are kept in bf16 (attention reads them so): the same scores, fewer bytes
+    import socialworld.learn.listwise as listwise
+
+    def scores(store):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            for _ in range(2):  # the second pass from the store
+                logits = _forward(model, [two, one], pad, store)
+            return [float(x) for b, r in enumerate((two, one)) for x in _block_logps(logits, b, r)]
+
+    low = PromptKV()
+    got_low = scores(low)
+    listwise._attended, attended = (lambda t: t), listwise._attended
+    try:
+        as_computed = PromptKV()
+        assert scores(as_computed) == got_low
+    finally:
+        listwise._attended = attended
+    assert low.hits == as_computed.hits == 2 and low.bytes < as_computed.bytes
+    assert {k.dtype for kv in low._kv.values() for k, v in kv} == {torch.bfloat16}
     tight = PromptKV(max_bytes=kept.bytes // 2)  # room for the prefix and one prompt's KV: the other is read each time
     with torch.no_grad():
         _forward(model, [two, one], pad, tight)
@@ -183,3 +202,26 @@ def test_training_raises_the_probability_of_the_higher_valued_candidate(tiny_dir
     with torch.no_grad():
         after = _logps(trained, row, tok.pad_token_id)[1]
     assert after > before + 0.5
+
+
+@needs_torch
+def test_at_weight_zero_the_loss_is_the_words_alone(tiny_dir):
+    """W = 0 (the dialogue track's words): the loss is the belief and SAY lines' likelihood, the
+    W = 1 loss less exactly the decision's listwise term."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from socialworld.learn.listwise import _block_logps, _forward, build_row, row_loss
+    from socialworld.learn.train import assistant_header, load_trainable
+
+    model, tok = load_trainable(tiny_dir)
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
+                                             alora_invocation_tokens=assistant_header(tok), task_type="CAUSAL_LM"))
+    rows = [build_row(pair(v), tok, 0.05, 0.05, 4096) for v in ({"inquire(ann, food)": 0.0, "propose(food, pizza, all)": 1.0},
+                                                                 {"inquire(ann, food)": 0.0})]
+    pad = tok.pad_token_id
+    with torch.no_grad():
+        words, both = (float(row_loss(model, rows, pad, w)) for w in (0.0, 1.0))
+        logits = _forward(model, rows, pad)
+        decision = sum(-sum(p * float(lp) for p, lp in zip(r.probs, _block_logps(logits, b, r))) for b, r in enumerate(rows)) / len(rows)
+    assert decision > 0.1 and both == pytest.approx(words + decision, abs=1e-4)

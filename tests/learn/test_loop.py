@@ -314,7 +314,8 @@ def test_loop_on_a_user_scenario_file(tiny_dir, tmp_path, my_lunch):
 def test_one_cycle_raises_the_chosen_actions_probability(tiny_dir, tmp_path):
     """The default recipe's sleep (expert labels, reference pairs) and training (the listwise
     decision on an activated adapter), one cycle on a tiny model: at the states it trained on, the
-    chosen action is more likely after than before."""
+    chosen action is more likely after than before. The dialogue adapter learns the words alone
+    (the same trainer, the decision's weight 0)."""
     from statistics import fmean
 
     from socialworld.agents.models import load_hf, load_with_adapters
@@ -323,10 +324,12 @@ def test_one_cycle_raises_the_chosen_actions_probability(tiny_dir, tmp_path):
     from socialworld.learn.sleep import read_pairs
 
     cfg = LoopConfig(out=str(tmp_path / "r"), model=str(tiny_dir), cycles=1, tiers=("L0",), train_episodes=1, reference_episodes=2,
-                     eval_episodes=1, lm_batch_size=8, baseline=False, tracks=("action",),
+                     eval_episodes=1, lm_batch_size=8, baseline=False, dialogue_steps=2,
                      sleep=replace(RECIPE_SLEEP, rollouts=1, horizon=3, max_candidates=4),
                      train=replace(RECIPE_TRAIN, steps=30, learning_rate=1e-2, max_length=1024))
     run_loop(cfg, log=lambda _: None)
+    words = json.loads((tmp_path / "r" / "cycle-1/train/dialogue/adapter/socialworld-train.json").read_text())
+    assert (words["config"]["method"], words["config"]["decision_weight"], words["steps"]) == ("listwise", 0.0, 2)
     pairs = read_pairs(tmp_path / "r" / "cycle-1/sleep/pairs-action.parquet")
     assert len(pairs) >= 8
     base, tok = load_hf(tiny_dir, dtype="float32")

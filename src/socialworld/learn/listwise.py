@@ -213,8 +213,22 @@ def invocation(model: Any) -> list[int] | None:
 
 
 PROMPT_KV_BYTES = 4 << 30
-"""the most bytes :class:`PromptKV` keeps in one training run (the bundled model's KV is about 46 kB
-a prompt token in float32: some 200 prompts of 400 tokens); rows beyond it are read each time"""
+"""the most bytes :class:`PromptKV` keeps in one training run (the bundled model's KV is 46 kB a
+prompt token in float32, 23 kB kept for bf16 training: some 700 of the main job's prompts after
+their system message); rows beyond it are read each time"""
+
+
+def _attended(t: Any) -> Any:
+    """``t`` (a key or value tensor) in the dtype attention reads it in: under autocast to a lower
+    precision (bf16 training on a CPU or GPU with it), SDPA casts its inputs to that dtype, so a key
+    kept there (RoPE leaves keys in float32, a third of a prompt's KV bytes) gives the same scores
+    from a third fewer bytes; otherwise as it is."""
+    import torch
+
+    dev = t.device.type
+    if torch.is_autocast_enabled(dev) and t.is_floating_point():
+        return t.to(torch.get_autocast_dtype(dev))
+    return t
 
 
 class PromptKV:
@@ -250,7 +264,7 @@ class PromptKV:
             if prefix not in self._prefix:
                 with torch.no_grad(), model.disable_adapter():
                     out = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True, logits_to_keep=1)
-                self._prefix[prefix] = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+                self._prefix[prefix] = [(_attended(layer.keys), _attended(layer.values)) for layer in out.past_key_values.layers]
                 self.bytes += self._size(self._prefix[prefix])  # a few prefixes (one per scenario): always kept
             cache = DynamicCache(ddp_cache_data=[(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in self._prefix[prefix]])
         width = max(len(p) - n for p in prompts)
@@ -263,7 +277,7 @@ class PromptKV:
         with torch.no_grad(), model.disable_adapter():
             out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), past_key_values=cache, use_cache=True,
                         position_ids=torch.arange(n, n + width, device=dev).expand(B, -1), logits_to_keep=1)
-        return [[(layer.keys[b : b + 1, :, n : len(p)].clone(), layer.values[b : b + 1, :, n : len(p)].clone())
+        return [[(_attended(layer.keys[b : b + 1, :, n : len(p)]).clone(), _attended(layer.values[b : b + 1, :, n : len(p)]).clone())
                  for layer in out.past_key_values.layers] for b, p in enumerate(prompts)]
 
     def batch(self, model: Any, prompts: Sequence[tuple[int, ...]], pad: int, shared: Sequence[int] | None = None) -> Any:
@@ -398,18 +412,21 @@ def row_loss(model: Any, rows: Sequence[Row], pad: int, decision_weight: float, 
     import torch
     import torch.nn.functional as F
 
+    decide = decision_weight > 0
     logits = _forward(model, rows, pad, prompt_kv)
-    # one gather: every row's likelihood positions (a row without any: its first, times 0), then its branch points
-    got = logits([(b, r.nll or [0]) for b, r in enumerate(rows)] + [(b, [c[1] for c in r.choices]) for b, r in enumerate(rows)])
+    # one gather: every row's likelihood positions (a row without any: its first, times 0), then its
+    # branch points (none at W = 0: the words alone, the dialogue track)
+    got = logits([(b, r.nll or [0]) for b, r in enumerate(rows)] + [(b, [c[1] for c in r.choices]) for b, r in enumerate(rows) if decide])
     losses = []
     for b, r in enumerate(rows):
         at = got[b]
         if r.nll:
-            nll = F.cross_entropy(at, torch.tensor(r.nll_targets, device=at.device), reduction="mean")
+            loss = F.cross_entropy(at, torch.tensor(r.nll_targets, device=at.device), reduction="mean")
         else:
-            nll = at.sum() * 0
-        listwise = -sum(p * lp for p, lp in zip(r.probs, _choice_logps(got[len(rows) + b], r)))
-        losses.append(nll + decision_weight * listwise)
+            loss = at.sum() * 0
+        if decide:
+            loss = loss - decision_weight * sum(p * lp for p, lp in zip(r.probs, _choice_logps(got[len(rows) + b], r)))
+        losses.append(loss)
     return torch.stack(losses).mean()
 
 
