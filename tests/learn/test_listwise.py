@@ -160,12 +160,12 @@ def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir):
 
     low = PromptKV()
     got_low = scores(low)
-    listwise._attended, attended = (lambda t: t), listwise._attended
+    listwise._kept, kept_as = (lambda t: t.clone()), listwise._kept
     try:
         as_computed = PromptKV()
         assert scores(as_computed) == got_low
     finally:
-        listwise._attended = attended
+        listwise._kept = kept_as
     assert low.hits == as_computed.hits == 2 and low.bytes < as_computed.bytes
     assert {k.dtype for kv in low._kv.values() for k, v in kv} == {torch.bfloat16}
     tight = PromptKV(max_bytes=kept.bytes // 2)  # room for the prefix and one prompt's KV: the other is read each time

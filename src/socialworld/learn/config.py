@@ -130,7 +130,8 @@ class TrainConfig:
     value_margin: float = field(default=0.05, metadata={"check": at_least(0), "help": (
         "listwise: a candidate joins the target beside chosen only when its value beats chosen's by this much")})
     decision_weight: float = field(default=0.2, metadata={"check": at_least(0), "help": (
-        "listwise: weight W of the decision's term against the per-token likelihood of the belief and words")})
+        "listwise: weight W of the decision's term against the per-token likelihood of the belief and words "
+        "(the action track's; a loop's dialogue track trains at 0: the words alone)")})
     activated: bool = field(default=False, metadata={"help": (
         "LoRA acts from the reply's assistant header on, the prompt read by the base model (PEFT's activated LoRA, "
         "alora_invocation_tokens): listwise then reads each batch's prompts once without gradient and trains on the "

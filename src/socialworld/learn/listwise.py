@@ -218,17 +218,17 @@ prompt token in float32, 23 kB kept for bf16 training: some 700 of the main job'
 their system message); rows beyond it are read each time"""
 
 
-def _attended(t: Any) -> Any:
-    """``t`` (a key or value tensor) in the dtype attention reads it in: under autocast to a lower
-    precision (bf16 training on a CPU or GPU with it), SDPA casts its inputs to that dtype, so a key
-    kept there (RoPE leaves keys in float32, a third of a prompt's KV bytes) gives the same scores
-    from a third fewer bytes; otherwise as it is."""
+def _kept(t: Any) -> Any:
+    """A copy of ``t`` (a key or value tensor, or a view of one) to keep, in the dtype attention
+    reads it in: under autocast to a lower precision (bf16 training on a CPU or GPU with it), SDPA
+    casts its inputs to that dtype, so a key kept there (RoPE leaves keys in float32, a third of a
+    prompt's KV bytes) gives the same scores from a third fewer bytes; otherwise as it is."""
     import torch
 
     dev = t.device.type
-    if torch.is_autocast_enabled(dev) and t.is_floating_point():
-        return t.to(torch.get_autocast_dtype(dev))
-    return t
+    if torch.is_autocast_enabled(dev) and t.is_floating_point() and t.dtype != torch.get_autocast_dtype(dev):
+        return t.to(torch.get_autocast_dtype(dev))  # a new tensor
+    return t.clone()
 
 
 class PromptKV:
@@ -264,7 +264,7 @@ class PromptKV:
             if prefix not in self._prefix:
                 with torch.no_grad(), model.disable_adapter():
                     out = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True, logits_to_keep=1)
-                self._prefix[prefix] = [(_attended(layer.keys), _attended(layer.values)) for layer in out.past_key_values.layers]
+                self._prefix[prefix] = [(_kept(layer.keys), _kept(layer.values)) for layer in out.past_key_values.layers]
                 self.bytes += self._size(self._prefix[prefix])  # a few prefixes (one per scenario): always kept
             cache = DynamicCache(ddp_cache_data=[(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in self._prefix[prefix]])
         width = max(len(p) - n for p in prompts)
@@ -277,7 +277,7 @@ class PromptKV:
         with torch.no_grad(), model.disable_adapter():
             out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), past_key_values=cache, use_cache=True,
                         position_ids=torch.arange(n, n + width, device=dev).expand(B, -1), logits_to_keep=1)
-        return [[(_attended(layer.keys[b : b + 1, :, n : len(p)]).clone(), _attended(layer.values[b : b + 1, :, n : len(p)]).clone())
+        return [[(_kept(layer.keys[b : b + 1, :, n : len(p)]), _kept(layer.values[b : b + 1, :, n : len(p)]))
                  for layer in out.past_key_values.layers] for b, p in enumerate(prompts)]
 
     def batch(self, model: Any, prompts: Sequence[tuple[int, ...]], pad: int, shared: Sequence[int] | None = None) -> Any:

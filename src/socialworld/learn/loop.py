@@ -360,7 +360,7 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
         if cfg.train.method == "grpo":
             data = {"grpo_rows": grpo_rows(pairs), "specs": specs, "returns": cfg.sleep.build}
         tcfg = replace(cfg.train, steps=min(cfg.train.steps, cfg.dialogue_steps)) if name == "dialogue" and cfg.dialogue_steps else cfg.train
-        if name == "dialogue" and tcfg.method == "listwise":  # the words alone: the belief and SAY lines by likelihood
+        if name == "dialogue" and tcfg.method == "listwise":  # the words by likelihood, no decision term (design.md)
             tcfg = replace(tcfg, decision_weight=0.0)
         run.produce(rel, f"train:{cfg.train.method}",
                     lambda p, data=data, r=resume, t=tcfg, n=name: train_adapter(
