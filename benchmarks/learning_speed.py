@@ -23,9 +23,9 @@ Run: ``python benchmarks/learning_speed.py`` (about 4 minutes on 2 cores); ``--s
 * activated: the default recipe (``bench.RECIPE_TRAIN``: the same objective on an activated
   adapter, the prompts read by the base model without gradient, the replies trained) on the
   reference pairs (their legal sets, one-hot targets), seconds per step and rows per minute; and
-  again on two batches' worth of those
-  rows, so each comes back every other step and its prompt's KV is read from the store
-  (``listwise.PromptKV``), as in a main job's later passes.
+  again on two batches' worth of those rows, so each comes back every other step and its frozen
+  part (the prompt's KV in the adapted layers, the reply entering them) is read from the store
+  (``listwise.PromptKV``), as in a main job's later passes; the store's bytes for those rows.
 * words (the dialogue track of the default recipe): the same trainer with the decision's weight 0
   (the belief and SAY lines by likelihood) on an activated adapter, seconds per step, against TRL's
   SFT on an activated adapter (the dialogue track's trainer until 2026-11-28).
@@ -49,7 +49,7 @@ from socialworld.agents.registry import make_lm_policy, make_policy
 from socialworld.bench.config import RECIPE_SLEEP, RECIPE_TRAIN, VALUES_SLEEP
 from socialworld.learn.loop import train_seeds
 from socialworld.learn.sleep import GatingReport, reference_pairs
-from socialworld.learn.train import compute_dtype, train_adapter
+from socialworld.learn.train import TRAIN_RECORD, TrainRecord, compute_dtype, train_adapter
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.runner import EpisodeJob, run_episodes
 from socialworld.world.engine import World
@@ -112,6 +112,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         again = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(recipe, balance=0),
                               pairs=pairs[: 2 * RECIPE_TRAIN.batch_size])
+        kept = TrainRecord.model_validate_json((Path(tmp) / "adapter" / TRAIN_RECORD).read_text())
 
     with tempfile.TemporaryDirectory() as tmp:
         words = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(recipe, decision_weight=0.0), pairs=pairs)
@@ -154,7 +155,9 @@ def main() -> None:
                      "sft_rows_per_minute": 60 * res.steps * RECIPE_TRAIN.batch_size / res.train_seconds},
         "activated": {"steps": act.steps, "seconds_per_step": act.train_seconds / act.steps,
                       "rows_per_minute": 60 * act.steps * RECIPE_TRAIN.batch_size / act.train_seconds,
-                      "seconds_per_step_rows_again": again.train_seconds / again.steps},
+                      "seconds_per_step_rows_again": again.train_seconds / again.steps,
+                      "kept_rows": 2 * RECIPE_TRAIN.batch_size, "kept_bytes": kept.frozen_bytes,
+                      "kept_reads": kept.frozen_reads, "kept_hits": kept.frozen_hits},
         "words": {"steps": words.steps, "seconds_per_step": words.train_seconds / words.steps,
                   "sft_seconds_per_step": words_sft.train_seconds / words_sft.steps},
         "decode": {"dtype": auto_dtype(), "episodes": len(eps), "decisions": len(steps), "lm_batch": args.lm_batch,
@@ -173,7 +176,9 @@ def main() -> None:
     print(f"listwise: {lw_['seconds_per_step']:.2f} s/step; rows per minute {lw_['rows_per_minute']:.1f} (sft {lw_['sft_rows_per_minute']:.1f})")
     a = out["activated"]
     print(f"activated listwise (the default recipe): {a['seconds_per_step']:.2f} s/step; rows per minute {a['rows_per_minute']:.1f}; "
-          f"{a['seconds_per_step_rows_again']:.2f} s/step where rows come back (their prompts' KV kept)")
+          f"{a['seconds_per_step_rows_again']:.2f} s/step where rows come back (their frozen part kept: "
+          f"{a['kept_bytes'] / 2**20:.0f} MiB for {a['kept_rows']} rows and their system messages; "
+          f"{a['kept_hits']} of {a['kept_hits'] + a['kept_reads']} rows from the store)")
     w = out["words"]
     print(f"the words (the dialogue track: the same trainer at decision weight 0, activated): {w['seconds_per_step']:.2f} s/step; "
           f"TRL's SFT on the activated adapter {w['sft_seconds_per_step']:.2f} s/step")

@@ -76,21 +76,27 @@ def _logps(model, row, pad) -> list[float]:
 
 
 @needs_torch
-def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir):
+@pytest.mark.parametrize("layers", [None, [1]])
+def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir, layers):
     """With an activated adapter (PEFT's aLoRA) the trainer reads the prompt under the base model
     and the replies under the adapter: each block's log-probability is the one from PEFT's own
-    forward over the prompt and that candidate alone; in a batch of two rows of other lengths too."""
+    forward over the prompt and that candidate alone; in a batch of two rows of other lengths too.
+    From the store, with LoRA on every layer or on the upper one only (then the store keeps that
+    layer's prompt KV and the replies' hidden states entering it, and the lower layer never runs)."""
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from socialworld.learn.listwise import PromptKV, _block_logps, _forward, build_row, invocation
+    from socialworld.learn.listwise import PromptKV, _block_logps, _forward, build_row, frozen_below, invocation
     from socialworld.learn.train import assistant_header, load_trainable
 
     model, tok = load_trainable(tiny_dir)
     torch.manual_seed(3)
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=512, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
-                                             alora_invocation_tokens=assistant_header(tok), task_type="CAUSAL_LM"))
+                                             layers_to_transform=layers, alora_invocation_tokens=assistant_header(tok),
+                                             task_type="CAUSAL_LM"))
     assert invocation(model) == assistant_header(tok)
+    first = frozen_below(model)
+    assert first == (0 if layers is None else 1)
     model.eval()
     pad = tok.pad_token_id
     two = build_row(pair({"inquire(ann, food)": 0.0, "propose(food, pizza, all)": 1.0}), tok, 0.05, 0.05, 4096)
@@ -129,6 +135,14 @@ def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir):
                 want = got[0] if r is two else got[1]
                 assert [float(x) for x in _block_logps(logits, b, r)] == pytest.approx(want, abs=1e-4)
     assert (kept.misses, kept.hits, len(kept._kv)) == (2, 3, 2) and kept.bytes > 0
+    assert all(len(e.kv) == 2 - first for e in kept._kv.values())  # the adapted layers' prompt KV only
+    if first:  # the lower layer runs in the reads alone
+        calls = []
+        hook = model.get_base_model().model.layers[0].register_forward_hook(lambda *a: calls.append(1))
+        with torch.no_grad():
+            _forward(model, [two, one], pad, kept)
+        hook.remove()
+        assert calls == [] and kept.hits == 5
     # their system message (the same in both) read once and kept apart; a prompt with another has its own
     assert two.shared == one.shared > 0 and list(kept._prefix) == [tuple(two.ids[: two.shared])]
     apart = pair({"wait()": 0.0}, chosen="wait()")
@@ -167,7 +181,7 @@ def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir):
     finally:
         listwise._kept = kept_as
     assert low.hits == as_computed.hits == 2 and low.bytes < as_computed.bytes
-    assert {k.dtype for kv in low._kv.values() for k, v in kv} == {torch.bfloat16}
+    assert {k.dtype for e in low._kv.values() for k, v in e.kv} == {torch.bfloat16}
     tight = PromptKV(max_bytes=kept.bytes // 2)  # room for the prefix and one prompt's KV: the other is read each time
     with torch.no_grad():
         _forward(model, [two, one], pad, tight)

@@ -43,17 +43,20 @@ model's. Each batch then reads its prompts once under the base model without gra
 cache) and runs only the replies (header, BELIEF line, candidate blocks) through the adapter: the
 prompt's ~400 tokens never enter the backward pass, about a third of a step's cost here
 (docs/experiments/2026-11-27-activated-adapter.md). The base model's weights never change, so
-neither does a prompt's KV: :class:`PromptKV` keeps each row's for the whole run (up to
-:data:`PROMPT_KV_BYTES`), and a row seen again in a later pass skips its prompt. The decoder
-prefills such an adapter's prompts under the base model too (:mod:`socialworld.agents.lm.constrained`).
+neither does a prompt's KV, nor, below the first layer the adapter trains, the reply's hidden
+states: :class:`PromptKV` keeps each row's for the whole run (up to :data:`PROMPT_KV_BYTES`), and a
+row seen again in a later pass skips its prompt and runs its reply through the adapted layers alone
+(the upper half for the bench's recipe). The decoder prefills such an adapter's prompts under the
+base model too (:mod:`socialworld.agents.lm.constrained`).
 """
 
 from __future__ import annotations
 
 import math
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from socialworld.agents.lm.constrained import activation_start, adapter_invocation
 from socialworld.learn.config import TrainConfig
@@ -212,12 +215,6 @@ def invocation(model: Any) -> list[int] | None:
     return adapter_invocation(model, getattr(model, "active_adapter", None))
 
 
-PROMPT_KV_BYTES = 4 << 30
-"""the most bytes :class:`PromptKV` keeps in one training run (the bundled model's KV is 46 kB a
-prompt token in float32, 23 kB kept for bf16 training: some 700 of the main job's prompts after
-their system message); rows beyond it are read each time"""
-
-
 def _kept(t: Any) -> Any:
     """A copy of ``t`` (a key or value tensor, or a view of one) to keep, in the dtype attention
     reads it in: under autocast to a lower precision (bf16 training on a CPU or GPU with it), SDPA
@@ -231,33 +228,135 @@ def _kept(t: Any) -> Any:
     return t.clone()
 
 
+PROMPT_KV_BYTES = 4 << 30
+"""the most bytes :class:`PromptKV` keeps in one training run. The bundled model's KV is 46 kB a
+prompt token in float32, 23 kB in bf16; with LoRA on its upper half (the bench's recipe) a row keeps
+only those 15 layers' prompt KV, 11.5 kB a token in bf16, and its reply's hidden states at the first
+of them: some 1,500 of the main job's rows after their system message. Rows beyond it are read each
+time."""
+
+
+def _decoder(model: Any) -> Any:
+    """The module holding ``model``'s decoder layers as ``.layers`` (a PEFT model's base model's
+    ``.model``, as in Llama-like models), or None where it has no such list."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = getattr(base, "model", None)
+    import torch
+
+    return inner if isinstance(getattr(inner, "layers", None), torch.nn.ModuleList) else None
+
+
+def frozen_below(model: Any) -> int | None:
+    """The first decoder layer with a trainable parameter, where the embeddings and every layer
+    below it are frozen (the bench's LoRA on the upper half: 15 of the bundled model's 30); None
+    where that cannot be told (no ``.layers`` decoder, a trainable parameter outside the layers
+    before them)."""
+    import re
+
+    if _decoder(model) is None:
+        return None
+    first = None
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        m = re.search(r"\.layers\.(\d+)\.", name)
+        if m is None:
+            if "embed" in name:
+                return None  # the inputs themselves train: nothing below the layers is frozen
+            continue  # the final norm or head: after every layer
+        first = int(m.group(1)) if first is None else min(first, int(m.group(1)))
+    return first
+
+
+@contextmanager
+def _only_layers(decoder: Any, lo: int, hi: int) -> Iterator[None]:
+    """Within: ``decoder`` runs its layers ``lo`` to ``hi - 1`` only (each keeps its own index into
+    the KV cache), then all of them again."""
+    import torch
+
+    full = decoder.layers
+    decoder.layers = torch.nn.ModuleList(list(full)[lo:hi])
+    try:
+        yield
+    finally:
+        decoder.layers = full
+
+
+def _reply_batch(rows: Sequence[Row], starts: Sequence[int], pad: int) -> tuple[Any, Any, Any, int, int]:
+    """The rows' replies (row b's ids from ``starts[b]`` on), right-padded: ids, position ids and the
+    4-D attention mask over the prompts' KV (``P`` = the longest prompt, right-padded) and the
+    replies (``T`` = the longest reply); returns ``(ids, pos, mask, P, T)``."""
+    import torch
+
+    B, P = len(rows), max(starts)
+    T = max(len(r.ids) - s for r, s in zip(rows, starts))
+    ids = torch.full((B, T), pad, dtype=torch.long)
+    pos = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, 1, T, P + T), dtype=torch.bool)
+    for b, (r, s) in enumerate(zip(rows, starts)):
+        n = len(r.ids) - s
+        ids[b, :n] = torch.tensor(r.ids[s:])
+        pos[b, :n] = torch.tensor(r.positions[s:])
+        full = _row_mask(r)
+        mask[b, 0, :n, :s] = full[s:, :s]
+        mask[b, 0, :n, P : P + n] = full[s:, s:]
+        for i in range(n, T):  # padding attends to itself (no empty softmax)
+            mask[b, 0, i, P + i] = True
+    return ids, pos, mask, P, T
+
+
+def _stack(rows: Sequence[Sequence[tuple[Any, Any]]], width: int) -> list[tuple[Any, Any]]:
+    """Per layer, the rows' keys and values (each ``(1, heads, length, dim)``) in one batch,
+    right-padded with zeros to ``width`` positions (the attention mask leaves them out)."""
+    import torch
+    import torch.nn.functional as F
+
+    pad_to = lambda t: F.pad(t, (0, 0, 0, width - t.shape[2]))  # noqa: E731
+    return [(torch.cat([pad_to(r[i][0]) for r in rows]), torch.cat([pad_to(r[i][1]) for r in rows])) for i in range(len(rows[0]))]
+
+
+@dataclass
+class _Kept:
+    """What :class:`PromptKV` keeps of a row: its prompt's KV after the shared prefix in the adapted
+    layers (from :func:`frozen_below` on), and its reply's hidden states entering the first of them."""
+
+    kv: list[tuple[Any, Any]]
+    hidden: Any
+
+
 class PromptKV:
-    """The base model's KV cache of each row's prompt (its ids before the adapter's invocation), kept
-    for one training run: the base weights are frozen, so a row's prompt KV is the same at every
-    pass. A prompt's shared prefix (its system message, :attr:`Row.shared`: about 170 of the bundled
-    model's 410 prompt tokens, the same in every row of a scenario) is read once and always kept
-    apart (a few, one per scenario; counted in ``bytes``); each row keeps the rest. Rows are added
-    until ``max_bytes``; later ones are computed each time (no eviction: rows come back once a
-    shuffled pass, so a least-recently-used store of fewer rows than a pass would never hit)."""
+    """What the frozen base model computes for each row, kept for one training run: the base weights
+    never change, so neither do a row's prompt KV nor, below the first layer the adapter trains
+    (:func:`frozen_below`), its reply's hidden states. A row keeps its prompt's KV in the adapted
+    layers and its reply's hidden states entering the first of them (for LoRA on the upper half,
+    half a prompt's KV, and the lower half of the reply's forward pass skipped at every later step).
+    A prompt's shared prefix (its system message, :attr:`Row.shared`: about 170 of the bundled
+    model's 410 prompt tokens, the same in every row of a scenario) is read once and kept apart, in
+    every layer (a few, one per scenario; counted in ``bytes``). Rows are added until
+    ``max_bytes``; later ones are computed each time (no eviction: rows come back once a shuffled
+    pass, so a least-recently-used store of fewer rows than a pass would never hit)."""
 
     def __init__(self, max_bytes: int = PROMPT_KV_BYTES) -> None:
         self.max_bytes = max_bytes
         self.bytes = self.hits = self.misses = 0
         self._prefix: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
-        self._kv: dict[tuple[int, tuple[int, ...]], list[tuple[Any, Any]]] = {}
-        """a prompt's KV after its shared prefix, by (the prefix's length, the prompt)"""
+        self._kv: dict[tuple[int, tuple[int, ...]], _Kept] = {}
+        """a row's kept part, by (its prefix's length, its ids)"""
 
     @staticmethod
-    def _size(kv: list[tuple[Any, Any]]) -> int:
-        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+    def _size(e: _Kept) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in e.kv) + e.hidden.numel() * e.hidden.element_size()
 
-    def _read(self, model: Any, prefix: tuple[int, ...], prompts: Sequence[tuple[int, ...]], pad: int) -> list[list[tuple[Any, Any]]]:
-        """The KV of each of ``prompts`` after ``prefix`` (their common start, whose KV is kept),
-        in one forward pass under the base model without gradient."""
+    def _read(self, model: Any, prefix: tuple[int, ...], rows: Sequence[Row], starts: Sequence[int], first: int, pad: int) -> list[_Kept]:
+        """The kept part of each of ``rows`` (prompt b: ``rows[b].ids[:starts[b]]``, all starting
+        with ``prefix``, whose KV is kept): their prompts in one forward pass under the base model
+        without gradient, then their replies through the layers below ``first``."""
         import torch
         from transformers import DynamicCache
 
         dev = next(model.parameters()).device
+        decoder = _decoder(model)
+        prompts = [tuple(r.ids[:s]) for r, s in zip(rows, starts)]
         n, B = len(prefix), len(prompts)
         cache = None
         if n:
@@ -265,7 +364,7 @@ class PromptKV:
                 with torch.no_grad(), model.disable_adapter():
                     out = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True, logits_to_keep=1)
                 self._prefix[prefix] = [(_kept(layer.keys), _kept(layer.values)) for layer in out.past_key_values.layers]
-                self.bytes += self._size(self._prefix[prefix])  # a few prefixes (one per scenario): always kept
+                self.bytes += sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self._prefix[prefix])
             cache = DynamicCache(ddp_cache_data=[(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in self._prefix[prefix]])
         width = max(len(p) - n for p in prompts)
         ids = torch.full((B, width), pad, dtype=torch.long)
@@ -277,44 +376,65 @@ class PromptKV:
         with torch.no_grad(), model.disable_adapter():
             out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), past_key_values=cache, use_cache=True,
                         position_ids=torch.arange(n, n + width, device=dev).expand(B, -1), logits_to_keep=1)
-        return [[(_kept(layer.keys[b : b + 1, :, n : len(p)]), _kept(layer.values[b : b + 1, :, n : len(p)]))
-                 for layer in out.past_key_values.layers] for b, p in enumerate(prompts)]
+        layers = out.past_key_values.layers
+        rest = [[(layer.keys[b : b + 1, :, n : len(p)], layer.values[b : b + 1, :, n : len(p)]) for layer in layers] for b, p in enumerate(prompts)]
+        reply, pos, rmask, P, T = _reply_batch(rows, starts, pad)
+        with torch.no_grad():
+            if first == 0:
+                hidden = decoder.embed_tokens(reply.to(dev))
+            else:  # the replies through the frozen layers, attending to their whole prompts there
+                head = self._prefix.get(prefix, [])
+                lower = _stack([[(torch.cat([head[i][0], k], 2), torch.cat([head[i][1], v], 2)) if head else (k, v)
+                                 for i, (k, v) in enumerate(r[:first])] for r in rest], P)
+                got: list[Any] = []
+                hook = decoder.layers[first - 1].register_forward_hook(lambda m, a, o: got.append(o[0] if isinstance(o, tuple) else o))
+                try:
+                    with _only_layers(decoder, 0, first):
+                        decoder(input_ids=reply.to(dev), attention_mask=rmask.to(dev), position_ids=pos.to(dev),
+                                past_key_values=DynamicCache(ddp_cache_data=lower), use_cache=True)
+                finally:
+                    hook.remove()
+                hidden = got[0]
+        return [_Kept([(_kept(k), _kept(v)) for k, v in r[first:]], hidden[b : b + 1, : len(row.ids) - s].clone())
+                for b, (r, row, s) in enumerate(zip(rest, rows, starts))]
 
-    def batch(self, model: Any, prompts: Sequence[tuple[int, ...]], pad: int, shared: Sequence[int] | None = None) -> Any:
-        """A ``DynamicCache`` of ``prompts`` (a batch, each right-padded to the longest with zero
-        keys and values the attention mask leaves out), computed under the base model without
-        gradient where not kept; ``shared[b]``: how many of prompt b's first tokens are its shared
-        prefix (0: none)."""
+    def batch(self, model: Any, rows: Sequence[Row], starts: Sequence[int], first: int, pad: int) -> tuple[Any, Any]:
+        """For the rows (row b's prompt: its ids before ``starts[b]``), a ``DynamicCache`` of their
+        prompts in the layers from ``first`` on (none below: those do not run) and their replies'
+        hidden states entering layer ``first``, right-padded to the longest prompt and reply; each
+        computed under the base model without gradient where not kept."""
         import torch
-        import torch.nn.functional as F
         from transformers import DynamicCache
 
         # a prefix leaves each prompt at least one token of its own
-        keys = [(min(n, len(p) - 1), p) for p, n in zip(prompts, shared if shared is not None else [0] * len(prompts))]
+        keys = [(min(r.shared, s - 1), tuple(r.ids)) for r, s in zip(rows, starts)]
         new = [k not in self._kv for k in keys]
         self.misses += sum(new)
         self.hits += len(keys) - sum(new)
-        groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-        for n, p in dict.fromkeys(k for k, m in zip(keys, new) if m):
-            groups.setdefault(p[:n], []).append(p)
-        fresh: dict[tuple[int, tuple[int, ...]], list[tuple[Any, Any]]] = {}
+        once: dict[tuple[int, tuple[int, ...]], int] = {}  # a row twice in a batch is read once
+        for b, (k, m) in enumerate(zip(keys, new)):
+            if m:
+                once.setdefault(k, b)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for b in once.values():
+            groups.setdefault(tuple(rows[b].ids[: keys[b][0]]), []).append(b)
+        fresh: dict[tuple[int, tuple[int, ...]], _Kept] = {}
         for prefix, group in groups.items():
-            for p, kv in zip(group, self._read(model, prefix, group, pad)):
-                fresh[(len(prefix), p)] = kv
-                size = self._size(kv)
+            for b, e in zip(group, self._read(model, prefix, [rows[b] for b in group], [starts[b] for b in group], first, pad)):
+                fresh[keys[b]] = e
+                size = self._size(e)
                 if self.bytes + size <= self.max_bytes:
-                    self._kv[(len(prefix), p)] = kv
+                    self._kv[keys[b]] = e
                     self.bytes += size
-        width = max(len(p) for p in prompts)
-        pad_to = lambda t: F.pad(t, (0, 0, 0, width - t.shape[2]))  # noqa: E731 - zeros after the prompt
-        rows = []
-        for n, p in keys:
-            rest = self._kv.get((n, p)) or fresh[(n, p)]
-            head = self._prefix.get(p[:n]) if n else None
-            rows.append([(pad_to(torch.cat([head[i][0], k], 2)), pad_to(torch.cat([head[i][1], v], 2))) if head is not None
-                         else (pad_to(k), pad_to(v)) for i, (k, v) in enumerate(rest)])
-        layers = [(torch.cat([r[i][0] for r in rows]), torch.cat([r[i][1] for r in rows])) for i in range(len(rows[0]))]
-        return DynamicCache(ddp_cache_data=layers)
+        kept = [self._kv.get(k) or fresh[k] for k in keys]
+        heads = [self._prefix.get(tuple(r.ids[:n])) if n else None for (n, _), r in zip(keys, rows)]
+        upper = _stack([[(torch.cat([h[first + i][0], k], 2), torch.cat([h[first + i][1], v], 2)) if h is not None else (k, v)
+                         for i, (k, v) in enumerate(e.kv)] for e, h in zip(kept, heads)], max(starts))
+        T = max(len(r.ids) - s for r, s in zip(rows, starts))
+        hidden = kept[0].hidden.new_zeros((len(rows), T, kept[0].hidden.shape[-1]))
+        for b, e in enumerate(kept):
+            hidden[b, : e.hidden.shape[1]] = e.hidden
+        return DynamicCache(ddp_cache_data=[(None, None)] * first + upper), hidden
 
 
 def _forward(model: Any, rows: Sequence[Row], pad: int, prompt_kv: PromptKV | None = None) -> Logits:
@@ -344,35 +464,30 @@ def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[
     for r, s in zip(rows, starts):
         if any(i < s for i in r.nll) or any(c[1] < s for c in r.choices):
             raise ValueError("an activated adapter's trained tokens must follow its invocation tokens in the prompt")
-    B, P = len(rows), max(starts)
-    T = max(len(r.ids) - s for r, s in zip(rows, starts))
     dev = next(model.parameters()).device
-    ids = torch.full((B, T), pad, dtype=torch.long)
-    pos = torch.zeros((B, T), dtype=torch.long)
-    mask = torch.zeros((B, 1, T, P + T), dtype=torch.bool)
-    for b, (r, s) in enumerate(zip(rows, starts)):
-        n = len(r.ids) - s
-        ids[b, :n] = torch.tensor(r.ids[s:])
-        pos[b, :n] = torch.tensor(r.positions[s:])
-        full = _row_mask(r)
-        mask[b, 0, :n, :s] = full[s:, :s]
-        mask[b, 0, :n, P : P + n] = full[s:, s:]
-        for i in range(n, T):  # padding attends to itself (no empty softmax)
-            mask[b, 0, i, P + i] = True
-    cache = None
-    if P and prompt_kv is not None and all(starts):
-        cache = prompt_kv.batch(model, [tuple(r.ids[:s]) for r, s in zip(rows, starts)], pad, [min(r.shared, s) for r, s in zip(rows, starts)])
-    elif P:
-        prompt = torch.full((B, P), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((B, P), dtype=torch.long)
-        for b, (r, s) in enumerate(zip(rows, starts)):
-            prompt[b, :s] = torch.tensor(r.ids[:s], dtype=torch.long)
-            prompt_mask[b, :s] = 1
-        with torch.no_grad(), model.disable_adapter():
-            cache = model(input_ids=prompt.to(dev), attention_mask=prompt_mask.to(dev), use_cache=True,
-                          position_ids=torch.arange(P, device=dev).expand(B, -1), logits_to_keep=1).past_key_values
-    logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
-                   use_cache=cache is not None, alora_offsets=[T] * B).logits
+    ids, pos, mask, P, T = _reply_batch(rows, starts, pad)
+    B = len(rows)
+    first = frozen_below(model) if prompt_kv is not None else None
+    if P and prompt_kv is not None and all(starts) and first is not None:
+        # the frozen part from the store: the prompts' KV in the adapted layers, the replies entering them
+        cache, hidden = prompt_kv.batch(model, rows, starts, first, pad)
+        decoder = _decoder(model)
+        with _only_layers(decoder, first, len(decoder.layers)):
+            logits = model(inputs_embeds=hidden, attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
+                           use_cache=True, alora_offsets=[T] * B).logits
+    else:
+        cache = None
+        if P:
+            prompt = torch.full((B, P), pad, dtype=torch.long)
+            prompt_mask = torch.zeros((B, P), dtype=torch.long)
+            for b, (r, s) in enumerate(zip(rows, starts)):
+                prompt[b, :s] = torch.tensor(r.ids[:s], dtype=torch.long)
+                prompt_mask[b, :s] = 1
+            with torch.no_grad(), model.disable_adapter():
+                cache = model(input_ids=prompt.to(dev), attention_mask=prompt_mask.to(dev), use_cache=True,
+                              position_ids=torch.arange(P, device=dev).expand(B, -1), logits_to_keep=1).past_key_values
+        logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
+                       use_cache=cache is not None, alora_offsets=[T] * B).logits
     flat = logits.reshape(B * T, -1)
     return lambda requests: _gather(flat, T, [(b, [i - starts[b] for i in at]) for b, at in requests])
 

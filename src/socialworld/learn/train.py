@@ -57,6 +57,13 @@ class TrainRecord(Document):
     reward_zero_std: list[float] = []
     """GRPO: TRL's ``frac_reward_zero_std`` at each logged step, the share of groups whose completions
     all got the same reward (no advantage there, so no gradient); empty for the other methods"""
+    frozen_reads: int = 0
+    """listwise on an activated adapter: rows whose frozen part (:class:`socialworld.learn.listwise.PromptKV`:
+    the prompt's KV, the reply entering the adapted layers) was computed at a step, not taken from the store"""
+    frozen_hits: int = 0
+    """listwise on an activated adapter: rows whose frozen part came from the store"""
+    frozen_bytes: int = 0
+    """listwise on an activated adapter: the bytes the store kept"""
 
 
 @dataclass(frozen=True)
@@ -383,7 +390,7 @@ def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Se
     record as TRL's trainers, trained by a plain AdamW loop."""
     from peft import get_peft_model
 
-    from socialworld.learn.listwise import train_listwise
+    from socialworld.learn.listwise import PromptKV, train_listwise
     from socialworld.learn.sleep import read_pairs
 
     if peft_config is not None:
@@ -393,12 +400,14 @@ def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Se
     steps = planned_steps(cfg, len(balanced_indices([action_kind(p.chosen) for p in data], cfg.balance)))
     advance = progress(steps) if progress is not None else None
     t1 = time.perf_counter()
+    store = PromptKV()
     losses, rows = train_listwise(model, tok, data, cfg, dtype, lambda kinds: balanced_indices(kinds, cfg.balance), steps,
-                                  on_step=(lambda: advance(None)) if advance is not None else None)
+                                  on_step=(lambda: advance(None)) if advance is not None else None, prompt_kv=store)
     train_seconds = time.perf_counter() - t1
     model.save_pretrained(str(out), save_embedding_layers=False)
     canonical_adapter_config(out, base_path)
-    record = TrainRecord(config=cfg, dtype=dtype, steps=steps, losses=losses, rows=rows)
+    record = TrainRecord(config=cfg, dtype=dtype, steps=steps, losses=losses, rows=rows, frozen_reads=store.misses,
+                         frozen_hits=store.hits, frozen_bytes=store.bytes)
     (out / TRAIN_RECORD).write_text(record.to_json())
     return TrainResult(cfg.method, steps, losses, time.perf_counter() - t0, str(out), train_seconds=train_seconds)
 
