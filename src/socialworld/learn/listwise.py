@@ -232,17 +232,17 @@ PROMPT_KV_BYTES = 4 << 30
 """the most bytes :class:`PromptKV` keeps in one training run. The bundled model's KV is 46 kB a
 prompt token in float32, 23 kB in bf16; with LoRA on its upper half (the bench's recipe) a row keeps
 only those 15 layers' prompt KV, 11.5 kB a token in bf16, and its reply's hidden states at the first
-of them: some 1,500 of the main job's rows after their system message. Rows beyond it are read each
-time."""
+of them: 1.9 MB a row in the main job, so about 2,000 rows (every row of its last cycle). Rows
+beyond it are read each time."""
 
 
 def _decoder(model: Any) -> Any:
     """The module holding ``model``'s decoder layers as ``.layers`` (a PEFT model's base model's
     ``.model``, as in Llama-like models), or None where it has no such list."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    inner = getattr(base, "model", None)
     import torch
 
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = getattr(base, "model", None)
     return inner if isinstance(getattr(inner, "layers", None), torch.nn.ModuleList) else None
 
 
