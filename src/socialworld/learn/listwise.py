@@ -315,6 +315,10 @@ def _stack(rows: Sequence[Sequence[tuple[Any, Any]]], width: int) -> list[tuple[
     return [(torch.cat([pad_to(r[i][0]) for r in rows]), torch.cat([pad_to(r[i][1]) for r in rows])) for i in range(len(rows[0]))]
 
 
+def _kv_bytes(kv: Sequence[tuple[Any, Any]]) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
 @dataclass
 class _Kept:
     """What :class:`PromptKV` keeps of a row: its prompt's KV after the shared prefix in the adapted
@@ -342,10 +346,19 @@ class PromptKV:
         self._prefix: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
         self._kv: dict[tuple[int, tuple[int, ...]], _Kept] = {}
         """a row's kept part, by (its prefix's length, its ids)"""
+        self._first: tuple[int | None] | None = None
+        """:func:`frozen_below` of the run's model, once asked (what every kept row was cut at)"""
+
+    def first_layer(self, model: Any) -> int | None:
+        """:func:`frozen_below` of ``model``, the run's model (found once: it decides what every kept
+        row holds)."""
+        if self._first is None:
+            self._first = (frozen_below(model),)
+        return self._first[0]
 
     @staticmethod
     def _size(e: _Kept) -> int:
-        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in e.kv) + e.hidden.numel() * e.hidden.element_size()
+        return _kv_bytes(e.kv) + e.hidden.numel() * e.hidden.element_size()
 
     def _read(self, model: Any, prefix: tuple[int, ...], rows: Sequence[Row], starts: Sequence[int], first: int, pad: int) -> list[_Kept]:
         """The kept part of each of ``rows`` (prompt b: ``rows[b].ids[:starts[b]]``, all starting
@@ -364,7 +377,7 @@ class PromptKV:
                 with torch.no_grad(), model.disable_adapter():
                     out = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True, logits_to_keep=1)
                 self._prefix[prefix] = [(_kept(layer.keys), _kept(layer.values)) for layer in out.past_key_values.layers]
-                self.bytes += sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self._prefix[prefix])
+                self.bytes += _kv_bytes(self._prefix[prefix])
             cache = DynamicCache(ddp_cache_data=[(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in self._prefix[prefix]])
         width = max(len(p) - n for p in prompts)
         ids = torch.full((B, width), pad, dtype=torch.long)
@@ -398,13 +411,17 @@ class PromptKV:
         return [_Kept([(_kept(k), _kept(v)) for k, v in r[first:]], hidden[b : b + 1, : len(row.ids) - s].clone())
                 for b, (r, row, s) in enumerate(zip(rest, rows, starts))]
 
-    def batch(self, model: Any, rows: Sequence[Row], starts: Sequence[int], first: int, pad: int) -> tuple[Any, Any]:
+    def batch(self, model: Any, rows: Sequence[Row], starts: Sequence[int], pad: int) -> tuple[Any, Any]:
         """For the rows (row b's prompt: its ids before ``starts[b]``), a ``DynamicCache`` of their
-        prompts in the layers from ``first`` on (none below: those do not run) and their replies'
-        hidden states entering layer ``first``, right-padded to the longest prompt and reply; each
-        computed under the base model without gradient where not kept."""
+        prompts in the layers from :meth:`first_layer` on (none below: those do not run) and their
+        replies' hidden states entering that layer, right-padded to the longest prompt and reply;
+        each computed under the base model without gradient where not kept."""
         import torch
         from transformers import DynamicCache
+
+        first = self.first_layer(model)
+        if first is None:
+            raise ValueError("the store needs a model whose layers below the trained ones are frozen (frozen_below)")
 
         # a prefix leaves each prompt at least one token of its own
         keys = [(min(r.shared, s - 1), tuple(r.ids)) for r, s in zip(rows, starts)]
@@ -467,10 +484,10 @@ def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[
     dev = next(model.parameters()).device
     ids, pos, mask, P, T = _reply_batch(rows, starts, pad)
     B = len(rows)
-    first = frozen_below(model) if prompt_kv is not None else None
+    first = prompt_kv.first_layer(model) if prompt_kv is not None else None
     if P and prompt_kv is not None and all(starts) and first is not None:
         # the frozen part from the store: the prompts' KV in the adapted layers, the replies entering them
-        cache, hidden = prompt_kv.batch(model, rows, starts, first, pad)
+        cache, hidden = prompt_kv.batch(model, rows, starts, pad)
         decoder = _decoder(model)
         with _only_layers(decoder, first, len(decoder.layers)):
             logits = model(inputs_embeds=hidden, attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
