@@ -187,6 +187,23 @@ def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir, layers
         _forward(model, [two, one], pad, tight)
         _forward(model, [two, one], pad, tight)
     assert len(tight._kv) == 1 and tight.misses == 3 and tight.bytes <= tight.max_bytes
+    # one row read at a time: what is kept of a row is the same, bit for bit, whatever it was read beside
+    beside, by_itself = PromptKV(), PromptKV()
+    beside.begin(model, "float32", [two, one, apart])
+    with torch.no_grad():
+        _forward(model, [two, one], pad, beside)
+        _forward(model, [one], pad, by_itself)
+    key = next(k for k in beside._kv if k[1] == tuple(one.ids))
+    assert torch.equal(beside._kv[key].hidden, by_itself._kv[key].hidden)
+    assert all(torch.equal(a, b) for (k1, v1), (k2, v2) in zip(beside._kv[key].kv, by_itself._kv[key].kv) for a, b in ((k1, k2), (v1, v2)))
+    # kept across training runs: the next run keeps the rows it trains on, drops the others, and counts again
+    beside.begin(model, "float32", [one, apart])
+    assert [k[1] for k in beside._kv] == [tuple(one.ids)] and beside.hits == beside.misses == 0
+    with torch.no_grad():
+        assert [float(x) for x in _block_logps(_forward(model, [one], pad, beside), 0, one)] == pytest.approx(got[1], abs=1e-4)
+    assert (beside.hits, beside.misses) == (1, 0)
+    beside.begin(model, "bfloat16", [one])  # a run computing in another dtype: nothing carried over
+    assert not beside._kv and not beside._prefix and beside.bytes == 0
 
 
 @needs_torch

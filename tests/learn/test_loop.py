@@ -330,6 +330,7 @@ def test_one_cycle_raises_the_chosen_actions_probability(tiny_dir, tmp_path):
     run_loop(cfg, log=lambda _: None)
     words = json.loads((tmp_path / "r" / "cycle-1/train/dialogue/adapter/socialworld-train.json").read_text())
     assert (words["config"]["method"], words["config"]["decision_weight"], words["steps"]) == ("listwise", 0.0, 2)
+    assert words["frozen_hits"] > 0  # the action track's rows, from the store the run keeps for all its trainings
     pairs = read_pairs(tmp_path / "r" / "cycle-1/sleep/pairs-action.parquet")
     assert len(pairs) >= 8
     base, tok = load_hf(tiny_dir, dtype="float32")

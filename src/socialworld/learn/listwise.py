@@ -44,9 +44,10 @@ cache) and runs only the replies (header, BELIEF line, candidate blocks) through
 prompt's ~400 tokens never enter the backward pass, about a third of a step's cost here
 (docs/experiments/2026-11-27-activated-adapter.md). The base model's weights never change, so
 neither does a prompt's KV, nor, below the first layer the adapter trains, the reply's hidden
-states: :class:`PromptKV` keeps each row's for the whole run (up to :data:`PROMPT_KV_BYTES`), and a
-row seen again in a later pass skips its prompt and runs its reply through the adapted layers alone
-(the upper half for the bench's recipe). The decoder prefills such an adapter's prompts under the
+states: :class:`PromptKV` keeps each row's (up to :data:`PROMPT_KV_BYTES`), and a row seen again in a
+later pass skips its prompt and runs its reply through the adapted layers alone (the upper half for
+the bench's recipe). The loop keeps one store for all its trainings: a cycle replays earlier
+cycles' rows, and the dialogue track trains on the action track's. The decoder prefills such an adapter's prompts under the
 base model too (:mod:`socialworld.agents.lm.constrained`).
 """
 
@@ -109,14 +110,23 @@ def _trie(keys: Sequence[list[int]]) -> dict[tuple[int, ...], set[int]]:
     return children
 
 
-def build_row(pair: Pair, tok: Any, temperature: float, margin: float, max_length: int) -> Row | None:
-    """The row of one pair (None when its prompt alone fills ``max_length``)."""
+def build_row(pair: Pair, tok: Any, temperature: float, margin: float, max_length: int,
+              encoded: dict[str, list[int]] | None = None) -> Row | None:
+    """The row of one pair (None when its prompt alone fills ``max_length``). ``encoded``: the
+    token ids of action keys and the reply's fixed pieces, kept across the rows of a run (a state
+    has about 50 legal actions, the same in many rows)."""
     turn = pair.chosen[-1]["content"]
     fields = reply_fields(turn)
     head = turn.split(f"\n{ACTION}", 1)[0] + f"\n{ACTION}"
     words = fields.get("SAY", "")
     prompt = tok.apply_chat_template(pair.prompt, tokenize=False, add_generation_prompt=True)
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    known = encoded if encoded is not None else {}
+
+    def piece(text: str) -> list[int]:
+        if text not in known:
+            known[text] = enc(text)
+        return known[text]
     prompt_ids, head_ids = enc(prompt), enc(head)
     # the system message counts as shared only where it tokenizes as the prompt's start (as the decoder's prefixes)
     try:
@@ -129,15 +139,15 @@ def build_row(pair: Pair, tok: Any, temperature: float, margin: float, max_lengt
         return None
     probs = targets(pair, temperature, margin)
     chosen = fields.get("ACTION", "")
-    children = _trie([enc(" " + k) for k in pair.legal or ()])
-    tail = enc(f"\n{SAY}") + (enc(" " + words) if words else []) + [tok.eos_token_id]
+    children = _trie([piece(" " + k) for k in pair.legal or ()])
+    tail = piece(f"\n{SAY}") + (enc(" " + words) if words else []) + [tok.eos_token_id]
     ids, positions = list(prefix), list(range(len(prefix)))
     nll = list(range(len(prompt_ids) - 1, len(prefix) - 1))
     nll_targets = [prefix[i + 1] for i in nll]
     blocks, choices, plist, keys = [], [], [], []
     n = len(prefix)
     for ci, (key, p) in enumerate(sorted(probs.items(), key=lambda kv: kv[0] != chosen)):
-        cand = enc(" " + key)
+        cand = piece(" " + key)
         block = cand + (tail if key == chosen else [])
         start = len(ids)
         for j, t in enumerate(cand if pair.legal else ()):
@@ -229,10 +239,10 @@ def _kept(t: Any) -> Any:
 
 
 PROMPT_KV_BYTES = 4 << 30
-"""the most bytes :class:`PromptKV` keeps in one training run. The bundled model's KV is 46 kB a
-prompt token in float32, 23 kB in bf16; with LoRA on its upper half (the bench's recipe) a row keeps
-only those 15 layers' prompt KV, 11.5 kB a token in bf16, and its reply's hidden states at the first
-of them: 1.9 MB a row in the main job, so about 2,000 rows (every row of its last cycle). Rows
+"""the most bytes :class:`PromptKV` keeps. The bundled model's KV is 46 kB a prompt token in float32,
+23 kB in bf16; with LoRA on its upper half (the bench's recipe) a row keeps only those 15 layers'
+prompt KV, 11.5 kB a token in bf16, and its reply's hidden states at the first of them: about 3 MB a
+row in the main job (3.4 GiB for the 1,149 rows its last cycle read), so about 1,300 rows. Rows
 beyond it are read each time."""
 
 
@@ -337,8 +347,13 @@ class PromptKV:
     A prompt's shared prefix (its system message, :attr:`Row.shared`: about 170 of the bundled
     model's 410 prompt tokens, the same in every row of a scenario) is read once and kept apart, in
     every layer (a few, one per scenario; counted in ``bytes``). Rows are added until
-    ``max_bytes``; later ones are computed each time (no eviction: rows come back once a shuffled
-    pass, so a least-recently-used store of fewer rows than a pass would never hit)."""
+    ``max_bytes``; later ones are computed each time (no eviction within a run: rows come back once
+    a shuffled pass, so a least-recently-used store of fewer rows than a pass would never hit).
+
+    A store may serve several training runs on one base model (the loop keeps one for its whole
+    run: a cycle replays earlier cycles' rows, and the dialogue track trains on the action track's):
+    :meth:`begin` starts each, dropping the rows the new run does not train on, and everything where
+    the run's model is cut at another layer or computes in another dtype."""
 
     def __init__(self, max_bytes: int = PROMPT_KV_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -348,29 +363,47 @@ class PromptKV:
         """a row's kept part, by (its prefix's length, its ids)"""
         self._first: tuple[int | None] | None = None
         """:func:`frozen_below` of the run's model, once asked (what every kept row was cut at)"""
+        self._run: tuple[str, int | None, str] | None = None
+        """(base model, first adapted layer, dtype) of the run :meth:`begin` started"""
 
     def first_layer(self, model: Any) -> int | None:
-        """:func:`frozen_below` of ``model``, the run's model (found once: it decides what every kept
-        row holds)."""
+        """:func:`frozen_below` of ``model``, the run's model (found once a run: it decides what every
+        kept row holds)."""
         if self._first is None:
             self._first = (frozen_below(model),)
         return self._first[0]
+
+    def begin(self, model: Any, dtype: str, rows: Sequence[Row]) -> None:
+        """Start a training run of ``model`` (computing in ``dtype``) on ``rows``: keep what an
+        earlier run on the same base model (its ``name_or_path``), cut at the same layer and in the
+        same dtype, kept of these rows; drop the rest. The counts start again."""
+        first = frozen_below(model)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        run = (str(getattr(base.config, "name_or_path", "")), first, dtype)
+        if run != self._run:
+            self._prefix.clear()
+            self._kv.clear()
+        wanted = {tuple(r.ids) for r in rows}
+        self._kv = {k: e for k, e in self._kv.items() if k[1] in wanted}
+        self._run, self._first = run, (first,)
+        self.bytes = sum(_kv_bytes(kv) for kv in self._prefix.values()) + sum(self._size(e) for e in self._kv.values())
+        self.hits = self.misses = 0
 
     @staticmethod
     def _size(e: _Kept) -> int:
         return _kv_bytes(e.kv) + e.hidden.numel() * e.hidden.element_size()
 
-    def _read(self, model: Any, prefix: tuple[int, ...], rows: Sequence[Row], starts: Sequence[int], first: int, pad: int) -> list[_Kept]:
-        """The kept part of each of ``rows`` (prompt b: ``rows[b].ids[:starts[b]]``, all starting
-        with ``prefix``, whose KV is kept): their prompts in one forward pass under the base model
-        without gradient, then their replies through the layers below ``first``."""
+    def _read(self, model: Any, prefix: tuple[int, ...], row: Row, start: int, first: int, pad: int) -> _Kept:
+        """The kept part of ``row`` (its prompt: ``row.ids[:start]``, starting with ``prefix``, whose KV
+        is kept): its prompt under the base model without gradient, then its reply through the layers
+        below ``first``. One row at a time, so what is kept is a function of the row alone (a row
+        from the store is the row read afresh, bit for bit, whatever it was read beside)."""
         import torch
         from transformers import DynamicCache
 
         dev = next(model.parameters()).device
         decoder = _decoder(model)
-        prompts = [tuple(r.ids[:s]) for r, s in zip(rows, starts)]
-        n, B = len(prefix), len(prompts)
+        n = len(prefix)
         cache = None
         if n:
             if prefix not in self._prefix:
@@ -378,27 +411,19 @@ class PromptKV:
                     out = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True, logits_to_keep=1)
                 self._prefix[prefix] = [(_kept(layer.keys), _kept(layer.values)) for layer in out.past_key_values.layers]
                 self.bytes += _kv_bytes(self._prefix[prefix])
-            cache = DynamicCache(ddp_cache_data=[(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in self._prefix[prefix]])
-        width = max(len(p) - n for p in prompts)
-        ids = torch.full((B, width), pad, dtype=torch.long)
-        mask = torch.zeros((B, n + width), dtype=torch.long)
-        mask[:, :n] = 1
-        for b, p in enumerate(prompts):
-            ids[b, : len(p) - n] = torch.tensor(p[n:], dtype=torch.long)
-            mask[b, : len(p)] = 1
+            cache = DynamicCache(ddp_cache_data=list(self._prefix[prefix]))
         with torch.no_grad(), model.disable_adapter():
-            out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), past_key_values=cache, use_cache=True,
-                        position_ids=torch.arange(n, n + width, device=dev).expand(B, -1), logits_to_keep=1)
-        layers = out.past_key_values.layers
-        rest = [[(layer.keys[b : b + 1, :, n : len(p)], layer.values[b : b + 1, :, n : len(p)]) for layer in layers] for b, p in enumerate(prompts)]
-        reply, pos, rmask, P, T = _reply_batch(rows, starts, pad)
+            out = model(input_ids=torch.tensor([row.ids[n:start]], device=dev), past_key_values=cache, use_cache=True,
+                        position_ids=torch.arange(n, start, device=dev)[None], logits_to_keep=1)
+        rest = [(layer.keys[:, :, n:start], layer.values[:, :, n:start]) for layer in out.past_key_values.layers]
+        reply, pos, rmask, P, T = _reply_batch([row], [start], pad)
         with torch.no_grad():
             if first == 0:
                 hidden = decoder.embed_tokens(reply.to(dev))
-            else:  # the replies through the frozen layers, attending to their whole prompts there
+            else:  # the reply through the frozen layers, attending to its whole prompt there
                 head = self._prefix.get(prefix, [])
-                lower = _stack([[(torch.cat([head[i][0], k], 2), torch.cat([head[i][1], v], 2)) if head else (k, v)
-                                 for i, (k, v) in enumerate(r[:first])] for r in rest], P)
+                lower = [(torch.cat([head[i][0], k], 2), torch.cat([head[i][1], v], 2)) if head else (k, v)
+                         for i, (k, v) in enumerate(rest[:first])]
                 got: list[Any] = []
                 hook = decoder.layers[first - 1].register_forward_hook(lambda m, a, o: got.append(o[0] if isinstance(o, tuple) else o))
                 try:
@@ -408,8 +433,7 @@ class PromptKV:
                 finally:
                     hook.remove()
                 hidden = got[0]
-        return [_Kept([(_kept(k), _kept(v)) for k, v in r[first:]], hidden[b : b + 1, : len(row.ids) - s].clone())
-                for b, (r, row, s) in enumerate(zip(rest, rows, starts))]
+        return _Kept([(_kept(k), _kept(v)) for k, v in rest[first:]], hidden.clone())
 
     def batch(self, model: Any, rows: Sequence[Row], starts: Sequence[int], pad: int) -> tuple[Any, Any]:
         """For the rows (row b's prompt: its ids before ``starts[b]``), a ``DynamicCache`` of their
@@ -428,20 +452,13 @@ class PromptKV:
         new = [k not in self._kv for k in keys]
         self.misses += sum(new)
         self.hits += len(keys) - sum(new)
-        once: dict[tuple[int, tuple[int, ...]], int] = {}  # a row twice in a batch is read once
-        for b, (k, m) in enumerate(zip(keys, new)):
-            if m:
-                once.setdefault(k, b)
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for b in once.values():
-            groups.setdefault(tuple(rows[b].ids[: keys[b][0]]), []).append(b)
         fresh: dict[tuple[int, tuple[int, ...]], _Kept] = {}
-        for prefix, group in groups.items():
-            for b, e in zip(group, self._read(model, prefix, [rows[b] for b in group], [starts[b] for b in group], first, pad)):
-                fresh[keys[b]] = e
+        for b, (k, m) in enumerate(zip(keys, new)):
+            if m and k not in fresh:  # a row twice in a batch is read once
+                fresh[k] = e = self._read(model, tuple(rows[b].ids[: k[0]]), rows[b], starts[b], first, pad)
                 size = self._size(e)
                 if self.bytes + size <= self.max_bytes:
-                    self._kv[keys[b]] = e
+                    self._kv[k] = e
                     self.bytes += size
         kept = [self._kv.get(k) or fresh[k] for k in keys]
         heads = [self._prefix.get(tuple(r.ids[:n])) if n else None for (n, _), r in zip(keys, rows)]
@@ -573,7 +590,8 @@ def train_listwise(model: Any, tok: Any, pairs: Sequence[Pair], cfg: TrainConfig
     counts."""
     import torch
 
-    built = [build_row(p, tok, cfg.value_temperature, cfg.value_margin, cfg.max_length) for p in pairs]
+    encoded: dict[str, list[int]] = {}
+    built = [build_row(p, tok, cfg.value_temperature, cfg.value_margin, cfg.max_length, encoded) for p in pairs]
     given = kinds_balance([r.kind if r is not None else None for r in built])
     order = [i for i in given if built[i] is not None]  # a row whose prompt fills max_length is dropped, as TRL does
     if not order:
@@ -587,6 +605,7 @@ def train_listwise(model: Any, tok: Any, pairs: Sequence[Pair], cfg: TrainConfig
     bf16 = dtype == "bfloat16"
     device = next(model.parameters()).device
     prompt_kv = prompt_kv if prompt_kv is not None else PromptKV()
+    prompt_kv.begin(model, dtype, [r for r in built if r is not None])
     losses = []
     model.train()
     for _ in range(steps):

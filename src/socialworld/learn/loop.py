@@ -39,6 +39,7 @@ from socialworld.agents.lm.policy import SAY_TOKENS
 from socialworld.agents.models import TRACKS, check_loads, parse_model_spec
 from socialworld.agents.registry import make_policy
 from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig, PairBuild, SleepConfig
+from socialworld.learn.listwise import PromptKV
 from socialworld.learn.sleep import PAIR_SCHEMA, GatingReport, read_pairs, run_sleep, screen_and_gate, write_pairs
 from socialworld.learn.train import TRAIN_RECORD, TrainRecord, check_target_modules, grpo_rows, train_adapter
 from socialworld.metrics.core import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
@@ -244,6 +245,9 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
     if reused is not None:
         _reuse(run, *reused)
     adapters: dict[str, str] | None = None
+    # what the frozen base model computes for a training row, kept for every training of this run:
+    # a cycle replays earlier cycles' rows, and the dialogue track trains on the action track's
+    store = PromptKV()
     summaries: list[CycleSummary] = []
     if cfg.baseline:  # every tier that may unlock: the untrained policy is the same in every cycle
         evaluate(0, cfg.tiers, None, "cycle 0 eval (untrained)")
@@ -284,7 +288,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         gating = json.loads(run.path(d.gating).read_text())
         log(f"cycle {c}: pairs kept {gating['kept']}, excluded {gating['excluded']}"
             + (f", replayed from earlier cycles {gating['replayed']}" if gating.get("replayed") else ""))
-        losses, adapters = _train_cycle(cfg, run, c, adapters, prev, specs, log, progress)
+        losses, adapters = _train_cycle(cfg, run, c, adapters, prev, specs, log, progress, store)
         evaluate(c, tiers, adapters, f"cycle {c} eval")
         evaluated = read_jsonl(run.path(d.eval))
         m = aggregate(evaluated).as_dict()
@@ -326,7 +330,7 @@ def _judged(cfg: LoopConfig, run: RunDir, d: CycleFiles, wake: list[EpisodeRecor
 
 
 def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] | None, prev: list[str],
-                 specs: dict, log: Callable[[str], None], progress: Progress | None = None
+                 specs: dict, log: Callable[[str], None], progress: Progress | None = None, store: PromptKV | None = None
                  ) -> tuple[dict[str, list[float]], dict[str, str] | None]:
     """Train this cycle's adapters: one per track in ``cfg.tracks`` (resumed from the previous
     cycle's), or one ``merged`` adapter on both tracks' pairs deployed for both (ablation E1).
@@ -337,7 +341,8 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
     ``wait()``, made it say "Let's give it a moment" after every action), and a dialogue adapter
     trained apart on its own pairs wrote belief-like text on a third of its SAY lines
     (docs/experiments/2026-11-24-words-in-the-action-track.md). A track without gated pairs keeps
-    its previous adapter."""
+    its previous adapter. ``store``: the frozen part of listwise rows, kept across the run's
+    trainings (:class:`socialworld.learn.listwise.PromptKV`)."""
     d = cycle_files(c)
     losses: dict[str, list[float]] = {}
     trained: dict[str, str] = dict(adapters or {})
@@ -365,7 +370,8 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
         run.produce(rel, f"train:{cfg.train.method}",
                     lambda p, data=data, r=resume, t=tcfg, n=name: train_adapter(
                         _base_path(cfg), p, t, resume_from=r,
-                        progress=(lambda total: progress(f"cycle {c} train {n} (steps)", total)) if progress else None, **data),
+                        progress=(lambda total: progress(f"cycle {c} train {n} (steps)", total)) if progress else None,
+                        prompt_kv=store, **data),
                     inputs=[d.sleep] + prev + fresh)
         fresh.append(rel)
         info = TrainRecord.model_validate_json(run.path(f"{rel}/{TRAIN_RECORD}").read_text())

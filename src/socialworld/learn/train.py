@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
-from typing import Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 from socialworld.agents.lm.prompts import parse_output
 from socialworld.learn.config import PairBuild, TrainConfig
@@ -35,6 +35,9 @@ from socialworld.text.reply import action_kind as turn_action_kind
 from socialworld.world.engine import World
 from socialworld.world.spec import ScenarioSpec
 from socialworld.world.visibility import observe
+
+if TYPE_CHECKING:
+    from socialworld.learn.listwise import PromptKV
 
 TRAIN_RECORD = "socialworld-train.json"
 """an adapter folder's record of how it was trained (:class:`TrainRecord`)"""
@@ -273,11 +276,13 @@ def _count(pairs: Sequence[Pair] | str | Path) -> int:
 def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path = (),
                   grpo_rows: Sequence[dict[str, Any]] = (), specs: dict[str, ScenarioSpec] | None = None,
                   resume_from: str | Path | None = None, progress: Callable[[int], Callable[[Any], None]] | None = None,
-                  returns: PairBuild | None = None) -> TrainResult:
+                  returns: PairBuild | None = None, prompt_kv: PromptKV | None = None) -> TrainResult:
     """Train one LoRA adapter and save it (PEFT format) to ``out_dir``. ``pairs``: Pair objects
-    or a pairs Parquet file (dpo, sft); ``grpo_rows``: prompts with world snapshots (grpo), each
+    or a pairs Parquet file (dpo, sft, listwise); ``grpo_rows``: prompts with world snapshots (grpo), each
     completion rewarded by :func:`simulator_reward` (with ``returns``: the step's return under the
-    sleep phase's continuations, else its reward alone).
+    sleep phase's continuations, else its reward alone). ``prompt_kv``: listwise on an activated
+    adapter keeps the frozen part of its rows there (a new store when not given; the loop gives one
+    store to all its runs, whose rows recur).
     ``progress(total_steps)`` returns a function called after each optimizer step. Nothing is
     printed per step (the losses are in the adapter's ``socialworld-train.json``)."""
     out = Path(out_dir)
@@ -286,14 +291,15 @@ def train_adapter(base_path: str | Path, out_dir: str | Path, cfg: TrainConfig, 
     # the loop trains: a killed run's scratch goes with it), never in the system temp directory
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.{TMP_MARK}", dir=out.parent))
     try:
-        return _train(base_path, out, scratch, cfg, pairs, grpo_rows, specs, resume_from, progress, returns)
+        return _train(base_path, out, scratch, cfg, pairs, grpo_rows, specs, resume_from, progress, returns, prompt_kv)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path,
            grpo_rows: Sequence[dict[str, Any]], specs: dict[str, ScenarioSpec] | None, resume_from: str | Path | None,
-           progress: Callable[[int], Callable[[Any], None]] | None, returns: PairBuild | None = None) -> TrainResult:
+           progress: Callable[[int], Callable[[Any], None]] | None, returns: PairBuild | None = None,
+           prompt_kv: PromptKV | None = None) -> TrainResult:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import set_seed
@@ -328,7 +334,7 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
                              train_dataset=data, processing_class=tok,
                              peft_config=peft_config)
     elif cfg.method == "listwise":
-        return _train_listwise(model, tok, out, cfg, pairs, peft_config, base_path, progress, t0)
+        return _train_listwise(model, tok, out, cfg, pairs, peft_config, base_path, progress, t0, prompt_kv)
     elif cfg.method == "grpo":
         from trl import GRPOConfig, GRPOTrainer
 
@@ -385,7 +391,8 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
 
 
 def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path, peft_config: Any,
-                    base_path: str | Path, progress: Callable[[int], Callable[[Any], None]] | None, t0: float) -> TrainResult:
+                    base_path: str | Path, progress: Callable[[int], Callable[[Any], None]] | None, t0: float,
+                    prompt_kv: PromptKV | None = None) -> TrainResult:
     """``method="listwise"`` (:mod:`socialworld.learn.listwise`): the same LoRA adapter, saving and
     record as TRL's trainers, trained by a plain AdamW loop."""
     from peft import get_peft_model
@@ -400,7 +407,7 @@ def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Se
     steps = planned_steps(cfg, len(balanced_indices([action_kind(p.chosen) for p in data], cfg.balance)))
     advance = progress(steps) if progress is not None else None
     t1 = time.perf_counter()
-    store = PromptKV()
+    store = prompt_kv if prompt_kv is not None else PromptKV()
     losses, rows = train_listwise(model, tok, data, cfg, dtype, lambda kinds: balanced_indices(kinds, cfg.balance), steps,
                                   on_step=(lambda: advance(None)) if advance is not None else None, prompt_kv=store)
     train_seconds = time.perf_counter() - t1
