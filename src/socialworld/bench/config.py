@@ -75,7 +75,7 @@ PRESETS: dict[str, Preset] = {
     # one training step on one row per cycle: does the whole protocol run (its numbers mean little)
     "smoke": Preset(eval_episodes=1, train_episodes=1, train=replace(RECIPE_TRAIN, steps=1, batch_size=1), max_turns=4,
                     scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
-    # the protocol's 45 evaluation episodes per arm and the recipe that learns: about 50 minutes on a
+    # the protocol's 45 evaluation episodes per arm and the recipe that learns: about 45 minutes on a
     # 2-core CPU with native bf16 (measured: see the README)
     "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=12),
     # a suite's budget (--suite methods|ablations, each variant a whole loop): one scenario per tier, 4
