@@ -415,15 +415,13 @@ class PromptKV:
         with torch.no_grad(), model.disable_adapter():
             out = model(input_ids=torch.tensor([row.ids[n:start]], device=dev), past_key_values=cache, use_cache=True,
                         position_ids=torch.arange(n, start, device=dev)[None], logits_to_keep=1)
-        rest = [(layer.keys[:, :, n:start], layer.values[:, :, n:start]) for layer in out.past_key_values.layers]
-        reply, pos, rmask, P, T = _reply_batch([row], [start], pad)
+        layers = out.past_key_values.layers  # the whole prompt's KV, the prefix's included
+        reply, pos, rmask, _, _ = _reply_batch([row], [start], pad)
         with torch.no_grad():
             if first == 0:
                 hidden = decoder.embed_tokens(reply.to(dev))
             else:  # the reply through the frozen layers, attending to its whole prompt there
-                head = self._prefix.get(prefix, [])
-                lower = [(torch.cat([head[i][0], k], 2), torch.cat([head[i][1], v], 2)) if head else (k, v)
-                         for i, (k, v) in enumerate(rest[:first])]
+                lower = [(layer.keys, layer.values) for layer in layers[:first]]
                 got: list[Any] = []
                 hook = decoder.layers[first - 1].register_forward_hook(lambda m, a, o: got.append(o[0] if isinstance(o, tuple) else o))
                 try:
@@ -433,7 +431,7 @@ class PromptKV:
                 finally:
                     hook.remove()
                 hidden = got[0]
-        return _Kept([(_kept(k), _kept(v)) for k, v in rest[first:]], hidden.clone())
+        return _Kept([(_kept(layer.keys[:, :, n:]), _kept(layer.values[:, :, n:])) for layer in layers[first:]], hidden.clone())
 
     def batch(self, model: Any, rows: Sequence[Row], starts: Sequence[int], pad: int) -> tuple[Any, Any]:
         """For the rows (row b's prompt: its ids before ``starts[b]``), a ``DynamicCache`` of their
