@@ -292,23 +292,6 @@ def _only_layers(decoder: Any, lo: int, hi: int) -> Iterator[None]:
         decoder.layers = full
 
 
-@contextmanager
-def _head_apart(model: Any) -> Iterator[Any]:
-    """Within: ``model``'s forward gives its last hidden states (after the final norm) as its
-    ``logits``, and the context's value is its output head, to project only the positions a loss
-    reads (the head is a third of the bundled model's weights: every reply position through it, and
-    back, was about a fifth of an activated step)."""
-    import torch
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    head = base.get_output_embeddings()
-    base.set_output_embeddings(torch.nn.Identity())
-    try:
-        yield head
-    finally:
-        base.set_output_embeddings(head)
-
-
 def _reply_batch(rows: Sequence[Row], starts: Sequence[int], pad: int) -> tuple[Any, Any, Any, int, int]:
     """The rows' replies (row b's ids from ``starts[b]`` on), right-padded: ids, position ids and the
     4-D attention mask over the prompts' KV (``P`` = the longest prompt, right-padded) and the
@@ -521,9 +504,9 @@ def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[
         # the frozen part from the store: the prompts' KV in the adapted layers, the replies entering them
         cache, hidden = prompt_kv.batch(model, rows, starts, pad)
         decoder = _decoder(model)
-        with _only_layers(decoder, first, len(decoder.layers)), _head_apart(model) as head:
-            out = model(inputs_embeds=hidden, attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
-                        use_cache=True, alora_offsets=[T] * B).logits
+        with _only_layers(decoder, first, len(decoder.layers)):
+            logits = model(inputs_embeds=hidden, attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
+                           use_cache=True, alora_offsets=[T] * B).logits
     else:
         cache = None
         if P:
@@ -535,11 +518,10 @@ def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[
             with torch.no_grad(), model.disable_adapter():
                 cache = model(input_ids=prompt.to(dev), attention_mask=prompt_mask.to(dev), use_cache=True,
                               position_ids=torch.arange(P, device=dev).expand(B, -1), logits_to_keep=1).past_key_values
-        with _head_apart(model) as head:
-            out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
-                        use_cache=cache is not None, alora_offsets=[T] * B).logits
-    flat = out.reshape(B * T, -1)
-    return lambda requests: _gather(flat, T, [(b, [i - starts[b] for i in at]) for b, at in requests], head)
+        logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
+                       use_cache=cache is not None, alora_offsets=[T] * B).logits
+    flat = logits.reshape(B * T, -1)
+    return lambda requests: _gather(flat, T, [(b, [i - starts[b] for i in at]) for b, at in requests])
 
 
 def _choice_logps(at: Any, r: Row) -> list[Any]:
