@@ -16,7 +16,6 @@ from socialworld.learn.train import (  # noqa: E402
     action_kind,
     balanced_indices,
     grpo_rows,
-    label_repeated,
     lora_layers,
     planned_steps,
     policy_rollout,
@@ -41,18 +40,9 @@ def test_steps_layers_and_options():
     assert planned_steps(TrainConfig(steps=120, batch_size=4, max_epochs=4), 1000) == 120
     assert planned_steps(TrainConfig(steps=5, batch_size=4, max_epochs=0.1), 3) == 1  # at least one step
     assert lora_layers(30, 1.0) is None and lora_layers(30, 0.5) == list(range(15, 30)) and lora_layers(2, 0.5) == [1]
-    for bad in ({"lora_upper": 0.0}, {"lora_upper": 1.5}, {"dtype": "fp8"}, {"steps": 0}, {"max_epochs": -1}, {"balance": -1},
-                {"label_repeat": 0}, {"label_repeat": 2, "method": "sft"}):
+    for bad in ({"lora_upper": 0.0}, {"lora_upper": 1.5}, {"dtype": "fp8"}, {"steps": 0}, {"max_epochs": -1}, {"balance": -1}):
         with pytest.raises(ValueError):
             TrainConfig(**bad)
-    assert TrainConfig(method="listwise", label_repeat=3).label_repeat == 3
-
-
-def test_label_repeat_gives_the_dagger_labels_more_often(pairs):
-    marked = [p.model_copy(update={"chosen_by": "label" if i % 2 else "reference"}) for i, p in enumerate(pairs)]
-    got = label_repeated([0, 1, 1, 2, 3], marked, 3)  # index 1 twice already (the kind balance)
-    assert got == [0, 1, 1, 1, 1, 1, 1, 2, 3, 3, 3]
-    assert label_repeated([0, 1, 2], marked, 1) == [0, 1, 2]
 
 
 def test_balance_repeats_rare_kinds_up_to_the_cap():

@@ -104,9 +104,6 @@ class TrainConfig:
     balance: int = field(default=0, metadata={"check": at_least(0), "help": (
         "sft/dpo/listwise: repeat each action kind's rows (the kind in the chosen turn's ACTION line) round(rows of the most common kind / "
         "its rows) times, at most this many (0: the rows as they are); rows without an ACTION line count once")})
-    label_repeat: int = field(default=1, metadata={"check": at_least(1), "help": (
-        "listwise: give each row whose chosen side is a DAgger label (the continuation policy's move at a state of the "
-        "deployed policy's own wake) this many times, after the kind balance")})
     learning_rate: float = field(default=1e-4, metadata={"check": above(0), "help": "AdamW learning rate of the LoRA weights"})
     lora_r: int = field(default=16, metadata={"check": at_least(1), "help": "LoRA rank"})
     lora_alpha: int = field(default=32, metadata={"check": above(0), "help": "LoRA alpha"})
@@ -152,8 +149,6 @@ class TrainConfig:
                              f"got {self.num_generations}", related=("method",))
         if not self.target_modules:
             raise FieldError("target_modules", "must name at least one module")
-        if self.label_repeat > 1 and self.method != "listwise":
-            raise FieldError("label_repeat", f"applies to {{method}} listwise only, got {self.method}", related=("method",))
 
 
 @dataclass(frozen=True)
@@ -210,7 +205,7 @@ LOOP_ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "reference_episodes":
                                "judge_margin": 2.0},
                      "train": {"max_epochs": 0.0, "lora_upper": 1.0, "dtype": "float32", "balance": 0,
                                "value_temperature": 0.05, "value_margin": 0.05,
-                               "decision_weight": 0.2, "activated": False, "flat_reward_patience": 0, "label_repeat": 1}}
+                               "decision_weight": 0.2, "activated": False, "flat_reward_patience": 0}}
 """Config fields added after runs were written, each with the value that behaves as the code did
 before it: a stored config without one resumes as if it had that value. (Not every default
 qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""

@@ -135,12 +135,6 @@ def balanced_indices(kinds: Sequence[str | None], cap: int) -> list[int]:
     return [i for i, k in enumerate(kinds) for _ in range(times[k] if k is not None else 1)]
 
 
-def label_repeated(indices: Sequence[int], pairs: Sequence[Pair], times: int) -> list[int]:
-    """``indices`` (into ``pairs``) with each DAgger label's (``chosen_by == "label"``: the
-    continuation policy's move at a state of the deployed policy's own wake) given ``times`` times."""
-    return [i for i in indices for _ in range(times if pairs[i].chosen_by == "label" else 1)]
-
-
 def compute_dtype(cfg: TrainConfig) -> str:
     """The dtype training computes in (``cfg.dtype``; ``auto`` follows the hardware, see
     :func:`socialworld.agents.models.auto_dtype`)."""
@@ -410,14 +404,11 @@ def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Se
         model = get_peft_model(model, peft_config)  # on load_hf's device (the GPU where there is one)
     data = read_pairs(pairs) if isinstance(pairs, (str, Path)) else list(pairs)
     dtype = compute_dtype(cfg)
-    def given(kinds: Sequence[str | None]) -> list[int]:
-        return label_repeated(balanced_indices(kinds, cfg.balance), data, cfg.label_repeat)
-
-    steps = planned_steps(cfg, len(given([action_kind(p.chosen) for p in data])))
+    steps = planned_steps(cfg, len(balanced_indices([action_kind(p.chosen) for p in data], cfg.balance)))
     advance = progress(steps) if progress is not None else None
     t1 = time.perf_counter()
     store = prompt_kv if prompt_kv is not None else PromptKV()
-    losses, rows = train_listwise(model, tok, data, cfg, dtype, given, steps,
+    losses, rows = train_listwise(model, tok, data, cfg, dtype, lambda kinds: balanced_indices(kinds, cfg.balance), steps,
                                   on_step=(lambda: advance(None)) if advance is not None else None, prompt_kv=store)
     train_seconds = time.perf_counter() - t1
     model.save_pretrained(str(out), save_embedding_layers=False)
