@@ -49,7 +49,7 @@ from socialworld.agents.registry import make_lm_policy, make_policy
 from socialworld.bench.config import RECIPE_SLEEP, RECIPE_TRAIN, VALUES_SLEEP
 from socialworld.learn.loop import train_seeds
 from socialworld.learn.sleep import GatingReport, reference_pairs
-from socialworld.learn.train import TRAIN_RECORD, TrainRecord, compute_dtype, train_adapter
+from socialworld.learn.train import compute_dtype, train_adapter
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.runner import EpisodeJob, run_episodes
 from socialworld.world.engine import World
@@ -112,7 +112,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         again = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(recipe, balance=0),
                               pairs=pairs[: 2 * RECIPE_TRAIN.batch_size])
-        kept = TrainRecord.model_validate_json((Path(tmp) / "adapter" / TRAIN_RECORD).read_text())
+        kept = again.record
 
     with tempfile.TemporaryDirectory() as tmp:
         words = train_adapter(bundled_path(), Path(tmp) / "adapter", replace(recipe, decision_weight=0.0), pairs=pairs)

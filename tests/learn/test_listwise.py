@@ -215,7 +215,7 @@ def test_training_raises_the_probability_of_the_higher_valued_candidate(tiny_dir
 
     from socialworld.learn.config import TrainConfig
     from socialworld.learn.listwise import build_row, invocation
-    from socialworld.learn.train import TRAIN_RECORD, load_trainable, train_adapter
+    from socialworld.learn.train import load_trainable, read_train_record, train_adapter
 
     better = {"inquire(ann, food)": 0.2, "propose(food, pizza, all)": 0.6, "wait()": 0.0}
     pairs = [pair(better)]
@@ -227,7 +227,7 @@ def test_training_raises_the_probability_of_the_higher_valued_candidate(tiny_dir
     with torch.no_grad():
         before = _logps(model, row, tok.pad_token_id)[1]
     res = train_adapter(tiny_dir, tmp_path / "a", cfg, pairs=pairs)
-    assert res.steps == 12 and (tmp_path / "a" / TRAIN_RECORD).exists()
+    assert res.steps == 12 and res.record == read_train_record(tmp_path / "a")  # what it returns is what it saved
     trained, _ = load_trainable(tiny_dir, tmp_path / "a")
     assert (invocation(trained) is not None) == activated
     with torch.no_grad():

@@ -16,6 +16,7 @@ from socialworld.learn.sleep import (
     add_replay,
     candidate_pairs,
     dialogue_pairs,
+    read_gating,
     read_pairs,
     recorded_action,
     reference_pairs,
@@ -209,6 +210,22 @@ def test_gating_excludes_weak_evidence_and_counts_reasons(lunch, random_eps):
     assert off_report.excluded == {k: v for k, v in strict_report.excluded.items() if not k.endswith("_evidence")}
     capped = screen_and_gate(pairs, SleepConfig(template_cap=1), GatingReport())
     assert len(capped) == len({p.template_key for p in pairs})
+
+
+def test_a_gating_report_reads_back_typed(lunch, random_eps, tmp_path):
+    report = GatingReport()
+    kept = screen_and_gate(action_pairs(lunch, random_eps[0], SleepConfig(rollouts=1, horizon=4, max_candidates=6), report),
+                           SleepConfig(), report)
+    report.kept = {"action": len(kept)}
+    report.replayed = {"action": 2}
+    path = tmp_path / "gating.json"
+    path.write_text(json.dumps(report.as_dict(), indent=1, sort_keys=True))
+    back = read_gating(path)
+    assert back.model_dump(exclude_none=True) == report.as_dict()
+    assert back.kept == {"action": len(kept)} and back.excluded == dict(report.excluded) and back.replayed == {"action": 2}
+    path.write_text(json.dumps({**report.as_dict(), "kept": "all"}))
+    with pytest.raises(ValueError, match="gating.json: not a gating report"):
+        read_gating(path)
 
 
 def test_replay_adds_earlier_pairs_seeded_capped_and_deduplicated(lunch, random_eps):

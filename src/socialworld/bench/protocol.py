@@ -39,7 +39,7 @@ from socialworld.learn.loop import (
     regate,
     run_loop,
 )
-from socialworld.learn.train import TRAIN_RECORD, TrainRecord
+from socialworld.learn.train import read_train_record
 from socialworld.metrics.core import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate, group_by
 from socialworld.metrics.diagnostics import coverage, failure_counts
 from socialworld.metrics.lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
@@ -298,9 +298,9 @@ def _reward_variance(lc: LoopConfig, cycles: Sequence[int]) -> float | None:
     TRL's ``frac_reward_zero_std``, over every logged step of every cycle); None for other methods."""
     zero = []
     for c in cycles:
-        path = Path(lc.out) / cycle_files(c).adapter("action") / TRAIN_RECORD
-        if c and path.is_file():
-            zero += TrainRecord.model_validate_json(path.read_text()).reward_zero_std
+        adapter = Path(lc.out) / cycle_files(c).adapter("action")
+        if c and adapter.is_dir():
+            zero += read_train_record(adapter).reward_zero_std
     return 1 - fmean(zero) if zero else None
 
 

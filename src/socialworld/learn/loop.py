@@ -9,7 +9,7 @@ Per cycle ``c``::
     cycle-c/sleep/pairs-dialogue.parquet
     cycle-c/sleep/gating.json           every exclusion counted by reason
     cycle-c/train/<track>/adapter/      PEFT LoRA adapter per track: action resumed from cycle c-1's,
-                                        dialogue from the deployed action adapter (see _train_cycle);
+                                        dialogue from the deployed action adapter (see train);
                                         or train/merged/adapter/ for both (ablation E1)
     cycle-c/eval/episodes.jsonl         the deployed policy (base + both adapters) on eval seeds
     cycle-c/summary.json                with paired-bootstrap differences against cycle 0
@@ -31,17 +31,17 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Final, Literal, Sequence
 
 from socialworld.agents.lm.policy import SAY_TOKENS
 from socialworld.agents.models import TRACKS, check_loads, parse_model_spec
 from socialworld.agents.registry import make_policy
-from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig, PairBuild, SleepConfig
+from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig, PairBuild, SleepConfig, TrainConfig
 from socialworld.learn.listwise import PromptKV
-from socialworld.learn.sleep import PAIR_SCHEMA, GatingReport, read_pairs, run_sleep, screen_and_gate, write_pairs
-from socialworld.learn.train import TRAIN_RECORD, TrainRecord, check_target_modules, grpo_rows, train_adapter
+from socialworld.learn.sleep import PAIR_SCHEMA, Gating, GatingReport, read_gating, read_pairs, run_sleep, screen_and_gate, write_pairs
+from socialworld.learn.train import check_target_modules, grpo_rows, read_train_record, train_adapter
 from socialworld.metrics.core import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
 from socialworld.metrics.lifelong import next_unlocked, progressive_schedule
 from socialworld.metrics.stats import Interval, paired_difference
@@ -53,7 +53,7 @@ from socialworld.rollout.scale import ray_init, rollouts
 from socialworld.rundir import CONTRACT_KEY, LEGACY_CONTRACT, LEGACY_PAIRS, PAIRS_KEY, CycleFiles, RunDir, cycle_files, with_defaults
 from socialworld.text.templates import POLICY_PROMPT_VERSION
 from socialworld.world.rng import derive_seed
-from socialworld.world.spec import SCENARIO_STORE, RunScenarios, ScenarioError, capped, resolve_scenarios, run_scenarios, spec_yaml
+from socialworld.world.spec import SCENARIO_STORE, RunScenarios, ScenarioError, ScenarioSpec, capped, resolve_scenarios, run_scenarios, spec_yaml
 
 JUDGE_MAX_ENDPOINT_FAILURES = 0.2
 """the loop stops (and retries when rerun) when its judge's endpoint gave no reply on more than this share of episodes"""
@@ -61,7 +61,7 @@ JUDGE_MAX_ENDPOINT_FAILURES = 0.2
 COMPARED = ("pass", "solve", "D", "CR", "U", "A_e", "S_npc")
 
 
-CYCLE_SUMMARY_SCHEMA = "cycle-summary-v1"
+CYCLE_SUMMARY_SCHEMA: Final = "cycle-summary-v1"
 
 
 class CycleSummary(Document):
@@ -164,14 +164,17 @@ def _reusable(cfg: LoopConfig, mine: dict) -> tuple[RunDir, tuple[str, ...]]:
 def _reuse(run: RunDir, src: RunDir, rels: tuple[str, ...]) -> None:
     """Copy artifacts ``rels`` of run folder ``src`` (:func:`_reusable`) into ``run``."""
     for rel in rels:
-        run.produce(rel, f"copied:{src.root}@{src.sha(rel)[:12]}", lambda p, r=rel: shutil.copyfile(src.path(r), p))
+        def copy(p: Path, r: str = rel) -> None:
+            shutil.copyfile(src.path(r), p)
+
+        run.produce(rel, f"copied:{src.root}@{src.sha(rel)[:12]}", copy)
 
 
 def _policy(cfg: LoopConfig, adapters: dict[str, str] | None):
     return make_policy(cfg.model, batch_size=cfg.lm_batch_size, adapters=adapters)
 
 
-Progress = Callable[[str, int], Callable[[EpisodeRecord], None]]
+Progress = Callable[[str, int], Callable[[Any], None]]
 """``progress(description, total)`` -> a per-episode callback (the CLI draws bars with it)."""
 
 
@@ -195,40 +198,96 @@ def unlocked_tiers(cfg: LoopConfig, c: int, previous: tuple[str, ...], previous_
     return next_unlocked(previous, rate, cfg.adaptive_threshold, cfg.tiers)
 
 
-def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> list[CycleSummary]:
-    def rollout(policy, jobs: list[EpisodeJob], what: str) -> list[EpisodeRecord]:
-        on_steps = per_turn(progress(f"{what} (turns)", turn_budget(jobs))) if progress else None
+@dataclass(frozen=True)
+class LoopRun:
+    """What every phase of one loop run reads: its settings, its folder, its scenarios (capped to
+    ``max_turns``), the trainer's store of frozen rows kept for all its trainings (a cycle replays
+    earlier cycles' rows, and the dialogue track trains on the action track's:
+    :class:`~socialworld.learn.listwise.PromptKV`), where it logs and how it shows progress."""
+
+    cfg: LoopConfig
+    run: RunDir
+    specs: dict[str, ScenarioSpec]
+    store: PromptKV
+    log: Callable[[str], None] = print
+    progress: Progress | None = None
+
+    def rollout(self, policy, jobs: list[EpisodeJob], what: str) -> list[EpisodeRecord]:
+        on_steps = per_turn(self.progress(f"{what} (turns)", turn_budget(jobs))) if self.progress else None
         return run_episodes(policy, jobs, on_steps=on_steps)
 
-    def eval_jobs(tiers: Sequence[str]) -> list[EpisodeJob]:
-        return [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
-                for seed in episode_seeds(cfg.seed, s.id, cfg.eval_episodes)]
+    def eval_jobs(self, tiers: Sequence[str]) -> list[EpisodeJob]:
+        return [EpisodeJob(s, seed) for s in self.specs.values() if s.tier in tiers
+                for seed in episode_seeds(self.cfg.seed, s.id, self.cfg.eval_episodes)]
 
-    def wake_jobs(c: int, tiers: Sequence[str], n: int | None = None) -> list[EpisodeJob]:
-        return [EpisodeJob(s, seed) for s in specs.values() if s.tier in tiers
-                for seed in train_seeds(cfg.seed, s.id, c, cfg.train_episodes if n is None else n)]
+    def wake_jobs(self, c: int, tiers: Sequence[str], n: int | None = None) -> list[EpisodeJob]:
+        return [EpisodeJob(s, seed) for s in self.specs.values() if s.tier in tiers
+                for seed in train_seeds(self.cfg.seed, s.id, c, self.cfg.train_episodes if n is None else n)]
 
-    def evaluate(c: int, tiers: Sequence[str], adapters: dict[str, str] | None, what: str) -> None:
-        """Cycle ``c``'s evaluation, with cycle ``c+1``'s wake in the same rollout when its tiers
-        are known now (see the module docstring)."""
-        rel, nxt = cycle_files(c).eval, cycle_files(c + 1).wake
-        inputs = [str(Path(p).relative_to(run.root)) for p in (adapters or {}).values()]
-        jobs = eval_jobs(tiers)
-        fused: list[EpisodeJob] = []
-        if c < cfg.cycles and (cfg.unlock != "adaptive" or c == 0) and not run.complete(rel) and not run.complete(nxt):
-            fused = wake_jobs(c + 1, unlocked_tiers(cfg, c + 1, tuple(tiers) if c else (), []))
-        held: list[EpisodeRecord] = []
+    def relative(self, adapters: dict[str, str] | None) -> list[str]:
+        """The run-relative folders of ``adapters`` (the inputs an artifact made with them names)."""
+        return [str(Path(p).relative_to(self.run.root)) for p in (adapters or {}).values()]
 
-        def write(p: Path) -> None:
-            eps = rollout(_policy(cfg, adapters), jobs + fused, what + (f" + cycle {c + 1} wake" if fused else ""))
-            write_jsonl(p, eps[: len(jobs)])
-            held.extend(eps[len(jobs):])
 
-        run.produce(rel, "eval", write, inputs=inputs)
-        if held and run.produce(nxt, "wake", lambda p: write_jsonl(p, held), inputs=inputs):
-            log(f"cycle {c + 1}: wake {len(held)} episodes (in cycle {c}'s evaluation rollout)")
+@dataclass(frozen=True)
+class Cycle:
+    """Where cycle ``number`` of a run stands when it starts: its files, its tiers, the adapters it
+    starts from (the previous cycle's deployed ones, absolute paths; None: the untrained model)."""
 
-    # every check before the run folder holds anything (not even config.yaml)
+    number: int
+    tiers: tuple[str, ...]
+    adapters: dict[str, str] | None
+
+    @property
+    def files(self) -> CycleFiles:
+        return cycle_files(self.number)
+
+
+@dataclass(frozen=True)
+class Wake:
+    """A cycle's episodes on its training seeds: the deployed policy's, the continuation policy's
+    by (scenario id, seed), and a judge's record of them (by episode id; None without a judge)."""
+
+    episodes: list[EpisodeRecord]
+    reference: dict[tuple[str, int], EpisodeRecord]
+    judged: dict[str, JudgeRec] | None
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A cycle's training: each trained adapter's losses (by track, or ``merged``) and the adapters
+    deployed after it (absolute paths; a track without pairs keeps its previous one)."""
+
+    losses: dict[str, list[float]]
+    adapters: dict[str, str] | None
+
+
+def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> list[CycleSummary]:
+    """Run (or resume) the loop of ``cfg``: the untrained baseline, then per cycle the phases
+    :func:`wake`, :func:`judge`, :func:`sleep`, :func:`train`, :func:`evaluate` and
+    :func:`summarize`, each an artifact of the run folder. Returns the cycles' summaries."""
+    loop = start(cfg, log, progress)
+    if cfg.baseline:  # every tier that may unlock: the untrained policy is the same in every cycle
+        evaluate(loop, 0, cfg.tiers, None, "cycle 0 eval (untrained)")
+        m0 = aggregate(read_jsonl(loop.run.path(cycle_files(0).eval))).as_dict()
+        log(f"cycle 0 (untrained): eval pass {m0['pass_rate']:.2f} solve {m0['solve_rate']:.2f} D {m0['D']:.2f} CR {m0['CR']:.2f}")
+    tiers: tuple[str, ...] = ()
+    evaluated: list[EpisodeRecord] = []
+    adapters: dict[str, str] | None = None
+    summaries: list[CycleSummary] = []
+    for c in range(1, cfg.cycles + 1):
+        cycle = Cycle(c, unlocked_tiers(cfg, c, tiers, evaluated), adapters)
+        gating = sleep(loop, cycle, wake(loop, cycle))
+        trained = train(loop, cycle)
+        evaluated = evaluate(loop, c, cycle.tiers, trained.adapters, f"cycle {c} eval")
+        summaries.append(summarize(loop, cycle, gating, trained, evaluated))
+        tiers, adapters = cycle.tiers, trained.adapters
+    return summaries
+
+
+def start(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> LoopRun:
+    """Check everything a run needs before its folder holds anything (not even ``config.yaml``),
+    then open the folder: its config, user scenarios and reused artifacts written."""
     scenarios = run_scenarios(cfg.scenarios, cfg.tiers, cfg.out)
     check_unlockable(cfg, scenarios)
     check_model(cfg)
@@ -240,98 +299,100 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
     run.write_config(doc, may_grow=("cycles",), defaults=LOOP_ADDED_FIELDS)
     for s in scenarios.specs:
         if s.id in scenarios.user:
-            run.produce(f"{SCENARIO_STORE}/{s.id}.yaml", "scenario", lambda p, s=s: atomic_write_text(p, spec_yaml(s)))
-    specs = {s.id: capped(s, cfg.max_turns) for s in scenarios.specs}
+            def store(p: Path, s: ScenarioSpec = s) -> None:
+                atomic_write_text(p, spec_yaml(s))
+
+            run.produce(f"{SCENARIO_STORE}/{s.id}.yaml", "scenario", store)
     if reused is not None:
         _reuse(run, *reused)
-    adapters: dict[str, str] | None = None
-    # what the frozen base model computes for a training row, kept for every training of this run:
-    # a cycle replays earlier cycles' rows, and the dialogue track trains on the action track's
-    store = PromptKV()
-    summaries: list[CycleSummary] = []
-    if cfg.baseline:  # every tier that may unlock: the untrained policy is the same in every cycle
-        evaluate(0, cfg.tiers, None, "cycle 0 eval (untrained)")
-        m0 = aggregate(read_jsonl(run.path(cycle_files(0).eval))).as_dict()
-        log(f"cycle 0 (untrained): eval pass {m0['pass_rate']:.2f} solve {m0['solve_rate']:.2f} D {m0['D']:.2f} CR {m0['CR']:.2f}")
-    tiers: tuple[str, ...] = ()
-    evaluated: list[EpisodeRecord] = []
-    for c in range(1, cfg.cycles + 1):
-        d = cycle_files(c)
-        tiers = unlocked_tiers(cfg, c, tiers, evaluated)
-        prev = [rel for rel in (str(Path(p).relative_to(run.root)) for p in (adapters or {}).values())]
-        jobs = wake_jobs(c, tiers)
-        if run.produce(d.wake, "wake", lambda p: write_jsonl(p, rollout(_policy(cfg, adapters), jobs, f"cycle {c} wake")),
-                       inputs=prev):
-            log(f"cycle {c} ({'+'.join(tiers)}): wake {len(jobs)} episodes")
-        run.produce(d.reference, f"wake:{cfg.sleep.continuation}",
-                    lambda p: write_jsonl(p, rollouts(cfg.sleep.continuation,
-                                                               wake_jobs(c, tiers, max(cfg.train_episodes, cfg.reference_episodes)),
-                                                               ray=cfg.ray)))
-        wake = read_jsonl(run.path(d.wake))
-        ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(d.reference))}
-        judged = _judged(cfg, run, d, wake, ref, specs, log)
-
-        earlier = [cycle_files(k) for k in range(1, c)] if cfg.sleep.replay > 0 else []
-
-        def sleep_all(_p: Path) -> None:
-            old = [p for e in earlier for t in TRACKS for p in read_pairs(run.path(e.pairs(t)))]
-            result = run_sleep(specs, wake, ref, cfg.sleep, judged=judged, earlier=old, replay_key=(c,), progress=progress,
-                               ray=cfg.ray)
-            kept, report = result.kept, result.report
-            _p.mkdir()
-            for t in TRACKS:
-                report.replaced += write_pairs(_p / Path(d.pairs(t)).name, [p for p in kept if p.track == t])
-            atomic_write_text(_p / Path(d.gating).name, json.dumps(report.as_dict(), indent=1, sort_keys=True) + "\n")
-
-        run.produce(d.sleep, "sleep", sleep_all, inputs=[d.wake, d.reference,
-                                                              *([d.wake_judged] if cfg.judge else []), *(e.sleep for e in earlier)])
-        gating = json.loads(run.path(d.gating).read_text())
-        log(f"cycle {c}: pairs kept {gating['kept']}, excluded {gating['excluded']}"
-            + (f", replayed from earlier cycles {gating['replayed']}" if gating.get("replayed") else ""))
-        losses, adapters = _train_cycle(cfg, run, c, adapters, prev, specs, log, progress, store)
-        evaluate(c, tiers, adapters, f"cycle {c} eval")
-        evaluated = read_jsonl(run.path(d.eval))
-        m = aggregate(evaluated).as_dict()
-        vs = None
-        if cfg.baseline:
-            keys = {(e.scenario_id, e.seed) for e in evaluated}
-            base = [e for e in read_jsonl(run.path(cycle_files(0).eval)) if (e.scenario_id, e.seed) in keys]
-            vs = {k: paired_difference(base, evaluated, k, seed=cfg.seed) for k in COMPARED}
-        summary = CycleSummary(
-            cycle=c, tiers=list(tiers), pairs=gating["kept"], excluded=gating["excluded"], replayed=gating.get("replayed", {}),
-            final_loss={t: (v[-1] if v else None) for t, v in losses.items()}, eval=m,
-            by_tier={t: aggregate(eps).as_dict() for t, eps in sorted(group_by(evaluated, "tier").items())}, vs_baseline=vs)
-        run.produce(d.summary, "summary", lambda p: atomic_write_text(p, summary.to_json()),
-                    inputs=[d.eval, d.sleep,
-                            *(str(Path(p).relative_to(run.root)) for p in (adapters or {}).values()),
-                            *([cycle_files(0).eval] if cfg.baseline else [])])
-        log(f"cycle {c}: eval pass {m['pass_rate']:.2f} solve {m['solve_rate']:.2f} D {m['D']:.2f} CR {m['CR']:.2f}")
-        for k, iv in (summary.vs_baseline or {}).items():
-            log(f"cycle {c}: {k} - untrained = {iv.mean:+.3f}, 95% paired bootstrap [{iv.lo:+.3f}, {iv.hi:+.3f}]")
-        summaries.append(summary)
-    return summaries
+    specs = {s.id: capped(s, cfg.max_turns) for s in scenarios.specs}
+    return LoopRun(cfg, run, specs, PromptKV(), log, progress)
 
 
-def _judged(cfg: LoopConfig, run: RunDir, d: CycleFiles, wake: list[EpisodeRecord], ref: dict[tuple[str, int], EpisodeRecord],
-            specs: dict, log: Callable[[str], None]) -> dict[str, JudgeRec] | None:
+def evaluate(loop: LoopRun, c: int, tiers: Sequence[str], adapters: dict[str, str] | None, what: str) -> list[EpisodeRecord]:
+    """Cycle ``c``'s evaluation (``adapters``: the policy it deploys; None: the untrained model),
+    with cycle ``c+1``'s wake in the same rollout when its tiers are known now (see the module
+    docstring). Returns the evaluation's episodes."""
+    cfg, run = loop.cfg, loop.run
+    rel, nxt = cycle_files(c).eval, cycle_files(c + 1).wake
+    inputs = loop.relative(adapters)
+    jobs = loop.eval_jobs(tiers)
+    fused: list[EpisodeJob] = []
+    if c < cfg.cycles and (cfg.unlock != "adaptive" or c == 0) and not run.complete(rel) and not run.complete(nxt):
+        fused = loop.wake_jobs(c + 1, unlocked_tiers(cfg, c + 1, tuple(tiers) if c else (), []))
+    held: list[EpisodeRecord] = []
+
+    def write(p: Path) -> None:
+        eps = loop.rollout(_policy(cfg, adapters), jobs + fused, what + (f" + cycle {c + 1} wake" if fused else ""))
+        write_jsonl(p, eps[: len(jobs)])
+        held.extend(eps[len(jobs):])
+
+    run.produce(rel, "eval", write, inputs=inputs)
+    if held and run.produce(nxt, "wake", lambda p: write_jsonl(p, held), inputs=inputs):
+        loop.log(f"cycle {c + 1}: wake {len(held)} episodes (in cycle {c}'s evaluation rollout)")
+    return read_jsonl(run.path(rel))
+
+
+def wake(loop: LoopRun, cycle: Cycle) -> Wake:
+    """The cycle's wake: the deployed policy on the training seeds (unless the previous evaluation
+    made it), the continuation policy on at least as many, and a judge's record of them."""
+    cfg, run, c, d = loop.cfg, loop.run, cycle.number, cycle.files
+    jobs = loop.wake_jobs(c, cycle.tiers)
+    if run.produce(d.wake, "wake", lambda p: write_jsonl(p, loop.rollout(_policy(cfg, cycle.adapters), jobs, f"cycle {c} wake")),
+                   inputs=loop.relative(cycle.adapters)):
+        loop.log(f"cycle {c} ({'+'.join(cycle.tiers)}): wake {len(jobs)} episodes")
+    run.produce(d.reference, f"wake:{cfg.sleep.continuation}",
+                lambda p: write_jsonl(p, rollouts(cfg.sleep.continuation,
+                                                  loop.wake_jobs(c, cycle.tiers, max(cfg.train_episodes, cfg.reference_episodes)),
+                                                  ray=cfg.ray)))
+    episodes = read_jsonl(run.path(d.wake))
+    ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(d.reference))}
+    return Wake(episodes, ref, judge(loop, d, episodes, ref))
+
+
+def judge(loop: LoopRun, d: CycleFiles, wake: list[EpisodeRecord], ref: dict[tuple[str, int], EpisodeRecord]
+          ) -> dict[str, JudgeRec] | None:
     """With ``cfg.judge``: the judge's record of every wake episode of cycle folder ``d`` and of the
     reference episode on its seed, the two a judge ranks (made once, ``wake/judge.jsonl``), by
     episode id; else None. Reference episodes on the other training seeds pair with no wake
     episode, so nothing reads a judgement of them."""
+    cfg, run = loop.cfg, loop.run
     if not cfg.judge:
         return None
     eps = [*wake, *(ref[k] for k in sorted({(e.scenario_id, e.seed) for e in wake}))]
     if run.produce(d.wake_judged, f"judge:{cfg.judge}",
                    lambda p: write_judged(p, checked_judgement(
-                       cfg.judge, judge_episodes(cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), JUDGE_MAX_ENDPOINT_FAILURES)),
+                       cfg.judge, judge_episodes(cfg.judge, eps, loop.specs, batch_size=cfg.lm_batch_size), JUDGE_MAX_ENDPOINT_FAILURES)),
                    inputs=[d.wake, d.reference]):
-        log(f"{d.root}: judged {len(eps)} wake and reference episodes with {cfg.judge}")
+        loop.log(f"{d.root}: judged {len(eps)} wake and reference episodes with {cfg.judge}")
     return read_judged(run.path(d.wake_judged))
 
 
-def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] | None, prev: list[str],
-                 specs: dict, log: Callable[[str], None], progress: Progress | None = None, store: PromptKV | None = None
-                 ) -> tuple[dict[str, list[float]], dict[str, str] | None]:
+def sleep(loop: LoopRun, cycle: Cycle, woke: Wake) -> Gating:
+    """The cycle's pairs per track, screened and gated, with earlier cycles' replayed
+    (``sleep/``), and its gating report."""
+    cfg, run, d = loop.cfg, loop.run, cycle.files
+    earlier = [cycle_files(k) for k in range(1, cycle.number)] if cfg.sleep.replay > 0 else []
+
+    def write(folder: Path) -> None:
+        old = [p for e in earlier for t in TRACKS for p in read_pairs(run.path(e.pairs(t)))]
+        result = run_sleep(loop.specs, woke.episodes, woke.reference, cfg.sleep, judged=woke.judged, earlier=old,
+                           replay_key=(cycle.number,), progress=loop.progress, ray=cfg.ray)
+        kept, report = result.kept, result.report
+        folder.mkdir()
+        for t in TRACKS:
+            report.replaced += write_pairs(folder / Path(d.pairs(t)).name, [p for p in kept if p.track == t])
+        atomic_write_text(folder / Path(d.gating).name, json.dumps(report.as_dict(), indent=1, sort_keys=True) + "\n")
+
+    run.produce(d.sleep, "sleep", write, inputs=[d.wake, d.reference, *([d.wake_judged] if cfg.judge else []),
+                                                  *(e.sleep for e in earlier)])
+    gating = read_gating(run.path(d.gating))
+    loop.log(f"cycle {cycle.number}: pairs kept {gating.kept}, excluded {gating.excluded}"
+             + (f", replayed from earlier cycles {gating.replayed}" if gating.replayed else ""))
+    return gating
+
+
+def train(loop: LoopRun, cycle: Cycle) -> Trained:
     """Train this cycle's adapters: one per track in ``cfg.tracks`` (resumed from the previous
     cycle's), or one ``merged`` adapter on both tracks' pairs deployed for both (ablation E1).
     The dialogue adapter starts from the deployed action adapter where there is one (this cycle's,
@@ -341,11 +402,12 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
     ``wait()``, made it say "Let's give it a moment" after every action), and a dialogue adapter
     trained apart on its own pairs wrote belief-like text on a third of its SAY lines
     (docs/experiments/2026-11-24-words-in-the-action-track.md). A track without gated pairs keeps
-    its previous adapter. ``store``: the frozen part of listwise rows, kept across the run's
-    trainings (:class:`socialworld.learn.listwise.PromptKV`)."""
-    d = cycle_files(c)
+    its previous adapter. Every training keeps the frozen part of its listwise rows in the run's
+    store (:attr:`LoopRun.store`)."""
+    cfg, run, c, d, log, progress = loop.cfg, loop.run, cycle.number, cycle.files, loop.log, loop.progress
+    prev = loop.relative(cycle.adapters)
     losses: dict[str, list[float]] = {}
-    trained: dict[str, str] = dict(adapters or {})
+    trained: dict[str, str] = dict(cycle.adapters or {})
     fresh: list[str] = []  # run-relative folders of the adapters trained this cycle
     groups = {"merged": [t for t in TRACKS if t in cfg.tracks]} if cfg.merged else {t: [t] for t in TRACKS if t in cfg.tracks}
     for name, members in groups.items():
@@ -363,18 +425,17 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
             resume = trained["action"]
             data = {"pairs": pairs + read_pairs(run.path(d.pairs("action")))}
         if cfg.train.method == "grpo":
-            data = {"grpo_rows": grpo_rows(pairs), "specs": specs, "returns": cfg.sleep.build}
+            data = {"grpo_rows": grpo_rows(pairs), "specs": loop.specs, "returns": cfg.sleep.build}
         tcfg = replace(cfg.train, steps=min(cfg.train.steps, cfg.dialogue_steps)) if name == "dialogue" and cfg.dialogue_steps else cfg.train
         if name == "dialogue" and tcfg.method == "listwise":  # the words by likelihood, no decision term (design.md)
             tcfg = replace(tcfg, decision_weight=0.0)
-        run.produce(rel, f"train:{cfg.train.method}",
-                    lambda p, data=data, r=resume, t=tcfg, n=name: train_adapter(
-                        _base_path(cfg), p, t, resume_from=r,
-                        progress=(lambda total: progress(f"cycle {c} train {n} (steps)", total)) if progress else None,
-                        prompt_kv=store, **data),
-                    inputs=[d.sleep] + prev + fresh)
+        def fit(p: Path, data: dict = data, r: str | None = resume, t: TrainConfig = tcfg, n: str = name) -> None:
+            shown = (lambda total: progress(f"cycle {c} train {n} (steps)", total)) if progress else None
+            train_adapter(_base_path(cfg), p, t, resume_from=r, progress=shown, prompt_kv=loop.store, **data)
+
+        run.produce(rel, f"train:{cfg.train.method}", fit, inputs=[d.sleep] + prev + fresh)
         fresh.append(rel)
-        info = TrainRecord.model_validate_json(run.path(f"{rel}/{TRAIN_RECORD}").read_text())
+        info = read_train_record(run.path(rel))
         losses[name] = info.losses
         rows = info.rows
         if info.stopped:
@@ -384,7 +445,29 @@ def _train_cycle(cfg: LoopConfig, run: RunDir, c: int, adapters: dict[str, str] 
                 f"(prompt of max_length={cfg.train.max_length} tokens or more)")
         for t in members:
             trained[t] = str(run.path(rel))
-    return losses, (trained or None)
+    return Trained(losses, trained or None)
+
+
+def summarize(loop: LoopRun, cycle: Cycle, gating: Gating, trained: Trained, evaluated: list[EpisodeRecord]) -> CycleSummary:
+    """The cycle's summary (``summary.json``): its pairs, its losses, its evaluation overall and by
+    tier, and with a baseline its paired bootstrap against the untrained policy; logged."""
+    cfg, run, c, d, log = loop.cfg, loop.run, cycle.number, cycle.files, loop.log
+    m = aggregate(evaluated).as_dict()
+    vs = None
+    if cfg.baseline:
+        keys = {(e.scenario_id, e.seed) for e in evaluated}
+        base = [e for e in read_jsonl(run.path(cycle_files(0).eval)) if (e.scenario_id, e.seed) in keys]
+        vs = {k: paired_difference(base, evaluated, k, seed=cfg.seed) for k in COMPARED}
+    summary = CycleSummary(
+        cycle=c, tiers=list(cycle.tiers), pairs=gating.kept, excluded=gating.excluded, replayed=gating.replayed,
+        final_loss={t: (v[-1] if v else None) for t, v in trained.losses.items()}, eval=m,
+        by_tier={t: aggregate(eps).as_dict() for t, eps in sorted(group_by(evaluated, "tier").items())}, vs_baseline=vs)
+    run.produce(d.summary, "summary", lambda p: atomic_write_text(p, summary.to_json()),
+                inputs=[d.eval, d.sleep, *loop.relative(trained.adapters), *([cycle_files(0).eval] if cfg.baseline else [])])
+    log(f"cycle {c}: eval pass {m['pass_rate']:.2f} solve {m['solve_rate']:.2f} D {m['D']:.2f} CR {m['CR']:.2f}")
+    for k, iv in (summary.vs_baseline or {}).items():
+        log(f"cycle {c}: {k} - untrained = {iv.mean:+.3f}, 95% paired bootstrap [{iv.lo:+.3f}, {iv.hi:+.3f}]")
+    return summary
 
 
 def stored_sleep_config(run_dir: str | Path) -> SleepConfig:
@@ -398,7 +481,9 @@ def stored_sleep_config(run_dir: str | Path) -> SleepConfig:
     if not isinstance(doc, dict) or not isinstance(doc.get("sleep"), dict):
         inner = " (a bench keeps its loop in its loop/ folder)" if Path(run_dir, "loop", "config.yaml").is_file() else ""
         raise ValueError(f"{path}: not a loop run's config (no sleep settings){inner}")
-    return SleepConfig(**with_defaults(doc["sleep"], LOOP_ADDED_FIELDS["sleep"]))
+    added = LOOP_ADDED_FIELDS["sleep"]
+    assert isinstance(added, dict)
+    return SleepConfig(**with_defaults(doc["sleep"], added))
 
 
 def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) -> dict[str, dict]:

@@ -179,6 +179,32 @@ class GatingReport:
                 **({"judge_agreement": self.judge_agreement.as_dict()} if self.judge_agreement != RankAgreement() else {})}
 
 
+class Gating(BaseModel):
+    """A cycle's ``gating.json`` read back (what :meth:`GatingReport.as_dict` wrote)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    candidates: int
+    kept: dict[str, int]
+    """pairs kept per track (before replay)"""
+    excluded: dict[str, int]
+    """candidate pairs excluded, by ``track:reason``"""
+    replayed: dict[str, int] = {}
+    """pairs replayed from earlier cycles, per track"""
+    replaced_surrogates: int = 0
+    """(written since 2026-11-24; 0 before)"""
+    judge_agreement: dict[str, float | int | None] | None = None
+    """with an LM judge that ranked any episode (:meth:`RankAgreement.as_dict`)"""
+
+
+def read_gating(path: str | Path) -> Gating:
+    """A ``gating.json``; a malformed one raises naming the file."""
+    try:
+        return Gating.model_validate_json(Path(path).read_text())
+    except ValueError as err:
+        raise ValueError(f"{path}: not a gating report: {err}") from err
+
+
 # ------------------------------------------------------------------ replay and counterfactual values
 
 

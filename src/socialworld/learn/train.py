@@ -71,16 +71,36 @@ class TrainRecord(Document):
 
 @dataclass(frozen=True)
 class TrainResult:
-    method: str
-    steps: int
-    losses: list[float]
+    """What :func:`train_adapter` returns: the record it saved beside the adapter, and its times."""
+
+    record: TrainRecord
+    adapter: str
     seconds: float
     """trainer set-up and training"""
-    adapter: str
     train_seconds: float = 0.0
-    """``trainer.train()`` alone"""
-    stopped: str | None = None
-    """why training stopped before its planned steps, if it did"""
+    """the training loop alone (``trainer.train()``)"""
+
+    @property
+    def method(self) -> str:
+        return self.record.config.method
+
+    @property
+    def steps(self) -> int:
+        return self.record.steps
+
+    @property
+    def losses(self) -> list[float]:
+        return self.record.losses
+
+    @property
+    def stopped(self) -> str | None:
+        """why training stopped before its planned steps, if it did"""
+        return self.record.stopped
+
+
+def read_train_record(adapter: str | Path) -> TrainRecord:
+    """The record :func:`train_adapter` saved beside the adapter in folder ``adapter``."""
+    return TrainRecord.model_validate_json((Path(adapter) / TRAIN_RECORD).read_text())
 
 
 def flat_reward_stop(patience: int) -> Any:
@@ -386,8 +406,7 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
                          stopped=stopped, reward_zero_std=[float(h["frac_reward_zero_std"]) for h in trainer.state.log_history
                                                            if "frac_reward_zero_std" in h])
     (out / TRAIN_RECORD).write_text(record.to_json())
-    return TrainResult(cfg.method, trainer.state.global_step, losses, t2 - t0, str(out), train_seconds=train_seconds,
-                       stopped=stopped)
+    return TrainResult(record, str(out), t2 - t0, train_seconds=train_seconds)
 
 
 def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Sequence[Pair] | str | Path, peft_config: Any,
@@ -416,7 +435,7 @@ def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Se
     record = TrainRecord(config=cfg, dtype=dtype, steps=steps, losses=losses, rows=rows, frozen_reads=store.misses,
                          frozen_hits=store.hits, frozen_bytes=store.bytes)
     (out / TRAIN_RECORD).write_text(record.to_json())
-    return TrainResult(cfg.method, steps, losses, time.perf_counter() - t0, str(out), train_seconds=train_seconds)
+    return TrainResult(record, str(out), time.perf_counter() - t0, train_seconds=train_seconds)
 
 
 def canonical_adapter_config(folder: str | Path, base_path: str | Path | None = None) -> None:
