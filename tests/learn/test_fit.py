@@ -115,6 +115,8 @@ def test_fit_command_reads_a_pairs_file(lunch, labels, tmp_path):
     assert r.exit_code == 2 and "takes no adapter" in r.output
     r = CliRunner().invoke(app, ["fit", str(tmp_path / "none.parquet"), "--model", "expert"])
     assert r.exit_code == 2 and "no such pairs file" in " ".join(r.output.split())
+    r = CliRunner().invoke(app, ["fit", str(path), "--model", "oracle"])  # acts on the hidden state: nothing to fit
+    assert r.exit_code == 2 and "reads the hidden state" in " ".join(r.output.split())
 
 
 def test_fit_finds_a_user_scenario_in_its_run_or_given_file(my_lunch, tmp_path):

@@ -162,8 +162,11 @@ def _judge_arms(cfg: BenchConfig, run: RunDir, last: dict[str, list[EpisodeRecor
         # the arms this folder made are its inputs; A and B come from the loop's folder, whose
         # evaluations a resumed bench never remakes
         inputs = [f"arms/{arm}/episodes.jsonl"] if run.complete(f"arms/{arm}/episodes.jsonl") else []
-        if run.produce(rel, f"judge:{cfg.judge}", lambda p, eps=eps: write_judged(p, checked_judgement(cfg.judge, judge_episodes(
-                cfg.judge, eps, specs, batch_size=cfg.lm_batch_size), cfg.max_endpoint_failures)), inputs=inputs):
+        def judged(p: Path, eps: list[EpisodeRecord] = eps) -> None:
+            write_judged(p, checked_judgement(cfg.judge, judge_episodes(cfg.judge, eps, specs, batch_size=cfg.lm_batch_size),
+                                              cfg.max_endpoint_failures))
+
+        if run.produce(rel, f"judge:{cfg.judge}", judged, inputs=inputs):
             log(f"arm {arm}: judged {len(eps)} last-cycle episodes with {cfg.judge}")
         out[arm] = list(read_judged(run.path(rel)).values())
     return out
@@ -318,7 +321,7 @@ def _training_task() -> dict:
     return {"num_gpus": 1} if torch.cuda.is_available() else {}
 
 
-def _variant_loop(lc: LoopConfig) -> list[dict]:
+def _variant_loop(lc: LoopConfig) -> list[CycleSummary]:
     """One suite variant's loop (a Ray task under ``BenchConfig.ray``; its lines go to the worker's log)."""
     return run_loop(lc, log=print)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from socialworld.agents.lm.prompts import parse_output
-from socialworld.core import Action, Policy
+from socialworld.core import Action, Policy, PrivilegedPolicy
 from socialworld.learn.sleep import Pair
 from socialworld.text.reply import ACTION, split_turn
 from socialworld.world.engine import World
@@ -137,4 +137,6 @@ def fit_file(pairs: str | Path, policy: str = "bundled", adapter: str | Path | N
     max_turns = int((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("max_turns", 0)) if run else 0
     specs = specs_for({p.scenario_id for p in rows}, run_dir=run, files=scenarios, max_turns=max_turns)
     built = make_policy(policy, batch_size=batch, adapters={"action": str(adapter)} if adapter else None)
+    if isinstance(built, PrivilegedPolicy):
+        raise ValueError(f"{policy} reads the hidden state: the fit scores a policy that acts on what it observes")
     return action_fit(built, rows, specs, batch=batch)

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from statistics import fmean
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Final, Iterator, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -85,7 +85,7 @@ from socialworld.world.rng import derive_seed
 from socialworld.world.spec import ScenarioSpec
 from socialworld.world.visibility import legal_actions, observe
 
-PAIR_SCHEMA = "pair-v4"
+PAIR_SCHEMA: Final = "pair-v4"
 """pair-v4: an action pair may carry the value of every candidate scored at its state (``candidates``)
 and the keys of every legal action there (``legal``), what a listwise objective trains on. pair-v3: a
 pair names what chose its chosen side (``chosen_by``); pair-v2's told a continuation policy's label
@@ -513,9 +513,10 @@ def utterance_pairs(spec: ScenarioSpec, ep: EpisodeRecord, cfg: PairBuild, repor
             report.exclude("dialogue", "same_words")
             continue
         key = (ep.scenario_id, ep.seed, s.setting.step, "utterance")
-        sides = [(taken, w.fork().step(taken).q), (alt, w.fork().step(alt).q)]
-        if any(q is None for _, q in sides):
+        q_taken, q_alt = w.fork().step(taken).q, w.fork().step(alt).q
+        if q_taken is None or q_alt is None:
             raise RuntimeError(f"{ep.episode_id} step {s.setting.step}: an executed action has no q_t")
+        sides = [(taken, q_taken), (alt, q_alt)]
         (hi, qh), (lo, ql) = sorted(sides, key=lambda x: (x[1], x[0].utterance), reverse=True)
         if qh - ql < cfg.q_margin:
             report.exclude("dialogue", "below_margin")
@@ -699,8 +700,8 @@ def _replace_surrogates(obj: Any) -> tuple[Any, int]:
     if isinstance(obj, str):
         return _SURROGATE.subn("\ufffd", obj)
     if isinstance(obj, dict):
-        items = [(k, *_replace_surrogates(v)) for k, v in obj.items()]
-        return {k: v for k, v, _ in items}, sum(n for _, _, n in items)
+        fixed = {k: _replace_surrogates(v) for k, v in obj.items()}
+        return {k: v for k, (v, _) in fixed.items()}, sum(n for _, n in fixed.values())
     if isinstance(obj, list):
         items = [_replace_surrogates(v) for v in obj]
         return [v for v, _ in items], sum(n for _, n in items)

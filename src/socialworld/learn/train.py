@@ -332,13 +332,14 @@ def _train(base_path: str | Path, out: Path, scratch: Path, cfg: TrainConfig, pa
         alora_invocation_tokens=assistant_header(tok) if cfg.activated else None,
         task_type="CAUSAL_LM")
     t0 = time.perf_counter()
+    trainer: Any  # a TRL trainer: DPO's, SFT's or GRPO's
     if cfg.method == "dpo":
         from trl import DPOConfig, DPOTrainer
 
-        losses = {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, cfg.sft_weight]} if cfg.sft_weight else {}
+        dpo_loss = {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, cfg.sft_weight]} if cfg.sft_weight else {}
         pairs_in, data = _count(pairs), _dataset(pairs, "dpo", cfg.balance)
         trainer = DPOTrainer(model=model, args=_args(cfg, scratch, DPOConfig, beta=cfg.beta, max_length=cfg.max_length,
-                                                     max_steps=planned_steps(cfg, len(data)), **losses),
+                                                     max_steps=planned_steps(cfg, len(data)), **dpo_loss),
                              train_dataset=data, processing_class=tok,
                              peft_config=peft_config)
     elif cfg.method == "sft":

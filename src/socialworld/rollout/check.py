@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Literal, Sequence
 
 from socialworld.agents.scripted import OraclePolicy, RandomPolicy, true_mental_state
-from socialworld.core import ACTION_ARGS, ACTION_KINDS, Action, Decision
+from socialworld.core import ACTION_ARGS, ACTION_KINDS, Action, Decision, HiddenView, Observation
 from socialworld.records import EpisodeRecord, to_jsonl
 from socialworld.rollout.runner import EpisodeJob, decide, run_episodes
 from socialworld.world.engine import World
@@ -49,12 +50,12 @@ class _KnowItAllIdler:
     """States the true mental state (U = 1) and ends at once: it must never pass."""
 
     policy_id = "idle-oracle"
-    privileged = True
+    privileged: Literal[True] = True
 
-    def reset(self, episode_keys) -> None:
+    def reset(self, episode_keys: Sequence[str]) -> None:
         pass
 
-    def act(self, episode_keys, observations, hidden):
+    def act(self, episode_keys: Sequence[str], observations: Sequence[Observation], hidden: Sequence[HiddenView]) -> list[Decision]:
         return [Decision(Action("end", utterance="Bye."), true_mental_state(o, hv)) for o, hv in zip(observations, hidden)]
 
 
@@ -150,6 +151,7 @@ def fuzz(spec: ScenarioSpec, seeds: int = 200, first_seed: int = 20_000, policy_
             w = World(spec, seed)
             while not w.done:
                 t, what = w.t, "choosing an action"
+                action: Action | None
                 if r.bernoulli(FUZZ_OFF_SCRIPT):
                     action = _arbitrary_action(spec, r)
                 else:
