@@ -5,22 +5,18 @@ from __future__ import annotations
 import errno
 import inspect
 import json
-import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 import typer
-from rich import box
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table as RichTable
 from rich.text import Text
 
 from socialworld.bench.config import BENCH_ADDED_FIELDS, BenchConfig
+from socialworld.cli.console import Table, console, quiet_libraries, run_log, say
 from socialworld.cli.options import config_command, fail, require
+from socialworld.cli.progress import bars, with_bars
 from socialworld.config import SHARE, at_least, within
 from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig
 from socialworld.rollout.config import EvalConfig, help_for
@@ -33,47 +29,7 @@ COUNT, SEED, PORT = at_least(1), at_least(0), within(1, 65535)
 """the rules of the hand-declared options (the configs' fields declare theirs in their metadata)"""
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A seeded social world for language agents.")
-console = Console()
-
-
-class Table(RichTable):
-    """The command line's tables: light rules and one space between columns, cells never wrapped or
-    cut (an id, a number). A column added with ``optional=True`` is left out, the rightmost first,
-    where the terminal is too narrow for the whole table, and the caption says which: a metric table
-    fits 80 columns, a wider terminal shows more, ``--json`` everything."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("box", box.SIMPLE_HEAD)
-        kwargs.setdefault("padding", (0, 0))  # the rule's own blank separates columns
-        kwargs.setdefault("show_edge", False)
-        super().__init__(*args, **kwargs)
-        self._optional: list[Any] = []
-
-    def add_column(self, *args: Any, optional: bool = False, **kwargs: Any) -> None:
-        kwargs.setdefault("no_wrap", True)
-        super().add_column(*args, **kwargs)
-        if optional:
-            self._optional.append(self.columns[-1])
-
-    def __rich_console__(self, console: Console, options: Any) -> Any:
-        from rich.measure import Measurement
-
-        columns, caption, optional = list(self.columns), self.caption, list(self._optional)
-        hidden = []
-        while optional and Measurement.get(console, options.update_width(1 << 16), self).maximum > options.max_width:
-            column = optional.pop()
-            self.columns.remove(column)
-            hidden.insert(0, str(column.header).replace("\n", " "))
-        if hidden:
-            self.caption = (f"{', '.join(hidden)} left out at {options.max_width} columns "
-                            "(a wider terminal or --json shows them)")
-        try:
-            yield from super().__rich_console__(console, options)
-        finally:  # this rendering's choice only: the table itself keeps every column
-            self.columns, self.caption = columns, caption
 H = lambda name: help_for(EvalConfig, name)  # noqa: E731
-LOG_FILE = "runs/socialworld.log"
-"""where third-party warnings go (override with SOCIALWORLD_LOG); made only when one is written"""
 
 
 @app.callback()
@@ -82,79 +38,12 @@ def _quiet_libraries() -> None:
     socialworld shows its own), transformers' log records below errors off, Python warnings (the
     libraries' FutureWarnings) to :data:`LOG_FILE` instead of the console. Environment variables
     the libraries read when imported (a variable the user set wins), so light commands import nothing."""
-    import logging
-    import os
-
-    for var, value in (("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1"),
-                       ("TRANSFORMERS_VERBOSITY", "error")):
-        os.environ.setdefault(var, value)
-
-    class _LogFile(logging.FileHandler):  # its folder made when the first line comes
-        failed = False
-
-        def _open(self):
-            Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
-            return super()._open()
-
-        def handleError(self, record):  # a log file that cannot be written: said once, the command goes on
-            if not self.failed:
-                self.failed = True
-                print(f"warning: cannot write the log file {self.baseFilename}: {sys.exc_info()[1]}", file=sys.stderr)
-
-    log = _LogFile(os.environ.get("SOCIALWORLD_LOG", LOG_FILE), delay=True, encoding="utf-8")
-    log.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    logging.captureWarnings(True)
-    warnings_log = logging.getLogger("py.warnings")
-    for old in [h for h in warnings_log.handlers if type(h).__name__ == "_LogFile"]:  # one per process
-        warnings_log.removeHandler(old)
-        old.close()
-    logging.getLogger("socialworld").handlers = []  # a previous command's run log (commands run in one process: tests)
-    warnings_log.addHandler(log)
-    warnings_log.propagate = False
+    quiet_libraries()
 
 
 def _param(name: str, annotation, option) -> inspect.Parameter:
     """A command's own option beside its config's fields."""
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option)
-
-
-def _say(msg: str) -> None:
-    """Print library text literally: never as rich markup ('[a-z0-9_]' is not a style tag), and
-    unwrapped (the terminal wraps it: a path stays whole to copy); and into the run's log once the
-    command has one (:func:`_run_log`)."""
-    import logging
-
-    console.print(msg, markup=False, soft_wrap=True)
-    logging.getLogger("socialworld").info(msg)
-
-
-RUN_LOG = "socialworld.log"
-"""the run's log inside its output folder: the command's own lines and the libraries' warnings"""
-
-
-def _run_log(out: str | Path) -> None:
-    """From here on, the libraries' warnings and every line :func:`_say` prints also go to
-    ``<out>/socialworld.log`` (made when first written), unless ``SOCIALWORLD_LOG`` names a file."""
-    import logging
-    import os
-
-    if os.environ.get("SOCIALWORLD_LOG"):
-        return
-    path = os.path.abspath(Path(out) / RUN_LOG)
-    for h in logging.getLogger("py.warnings").handlers:
-        if type(h).__name__ == "_LogFile":
-            h.acquire()
-            try:
-                if h.stream is not None:
-                    h.stream.close()
-                    h.stream = None  # type: ignore[assignment]
-                h.baseFilename = path
-            finally:
-                h.release()
-            own = logging.getLogger("socialworld")
-            own.handlers = [h]
-            own.setLevel(logging.INFO)
-            own.propagate = False
 
 
 def adapters_help(option: str = "--policy") -> str:
@@ -228,14 +117,14 @@ def _run_eval(cfg, adapters: str = "", as_json: bool = False) -> None:
         cfg = replace(cfg, policy=policy)
         cfg = replace(cfg, out=cfg.out_dir())  # the default folder resolved once (the next free one)
         specs = resolve_scenarios(cfg.scenarios, cfg.tiers)
-        _run_log(cfg.out_dir())
+        run_log(cfg.out_dir())
         if as_json:
             result = evaluate(cfg)
         elif cfg.ray:  # episodes finish one by one across the tasks
-            with _bars() as progress:
+            with bars() as progress:
                 result = evaluate(cfg, on_episode=progress(f"eval {policy} (episodes)", len(specs) * cfg.episodes))
         else:  # a lockstep batch finishes its episodes together: count turns
-            with _bars() as progress:
+            with bars() as progress:
                 turns = sum(s.turn_budget for s in specs) * cfg.episodes
                 result = evaluate(cfg, on_steps=per_turn(progress(f"eval {policy} (turns)", turns)))
     except (ScenarioError, ValueError, OSError) as err:
@@ -267,7 +156,7 @@ def _run_eval(cfg, adapters: str = "", as_json: bool = False) -> None:
                       *("-" if j["means"][dim] is None else f"{j['means'][dim]:.2f}" for dim in JUDGE_DIMENSIONS))
         console.print(t)
     d = cfg.out_dir()
-    _say(f"records: {d}/episodes.jsonl, {d}/episodes.parquet{f', {d}/judge.jsonl' if cfg.judge else ''}; summary: {d}/metrics.json")
+    say(f"records: {d}/episodes.jsonl, {d}/episodes.parquet{f', {d}/judge.jsonl' if cfg.judge else ''}; summary: {d}/metrics.json")
 
 
 config_command(app, "eval", EvalConfig, _run_eval, aliases={"scenarios": "--scenario"}, extra=[_ADAPTERS, _JSON])
@@ -298,7 +187,7 @@ def check(
             f" {spec.id}: oracle pass {r.oracle_pass_rate:.0%}, solves {r.oracle_solve_rate:.0%}, "
             f"{r.observations_checked} observations checked, {r.fuzz_steps} fuzz steps"))
         for p in r.problems:
-            _say(f"   - {p}")
+            say(f"   - {p}")
         for w in r.warnings:
             console.print(Text.assemble("   ", ("warning:", "yellow"), f" {w}"))
         bad += not r.ok
@@ -312,8 +201,8 @@ def _run_loop(cfg) -> None:
     from socialworld.learn.loop import run_loop
     from socialworld.metrics.core import METRICS_CONTRACT
 
-    _run_log(cfg.out)
-    summaries = _with_bars(lambda progress: run_loop(cfg, log=_say, progress=progress))
+    run_log(cfg.out)
+    summaries = with_bars(lambda progress: run_loop(cfg, log=say, progress=progress))
     t = Table(title=escape(f"loop: {cfg.out} ({METRICS_CONTRACT})"))
     for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "solve", "D", "CR",
               "pass - untrained", "D - untrained"):
@@ -406,65 +295,6 @@ def fit_cmd(
     console.print(t)
 
 
-PLAIN_EVERY_S = 5.0
-"""progress written to a file or pipe: at most one line per this many seconds per bar"""
-
-
-@contextmanager
-def _bars():
-    """A progress factory ``progress(what, total) -> advance(_)``: rich bars with elapsed time and
-    an ETA on a terminal; elsewhere (a log file, a pipe) plain lines with the same numbers, since
-    rich draws nothing there until the end: one per finished item, at most one per
-    ``PLAIN_EVERY_S`` seconds (the first and the last always)."""
-    import logging
-
-    if console.is_terminal:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("eta"), TimeRemainingColumn(), console=console) as bars:
-            def progress(what: str, total: int):
-                task, t0, done = bars.add_task(what, total=total), time.monotonic(), [0]
-
-                def advance(_ep) -> None:
-                    bars.advance(task)
-                    done[0] += 1
-                    if done[0] == total:  # the run's log gets the finished bar
-                        logging.getLogger("socialworld").info(f"{what}: {total}/{total}, {time.monotonic() - t0:.0f} s")
-                return advance
-
-            try:
-                yield progress
-            finally:
-                bars.stop()
-        return
-
-    def plain(what: str, total: int):
-        t0, done, said, first = time.monotonic(), [0], [-PLAIN_EVERY_S], [0.0]
-
-        def advance(_ep) -> None:
-            done[0] += 1
-            spent = time.monotonic() - t0
-            if done[0] == 1:
-                first[0] = spent  # it carries the start-up (loading a model, a first batch's prefill)
-            if done[0] in (1, total) or spent - said[0] >= PLAIN_EVERY_S:
-                said[0] = spent
-                # the rate after the first item: the start-up would put the first estimates hours off
-                eta = f", eta {(spent - first[0]) / (done[0] - 1) * (total - done[0]):.0f} s" if done[0] > 1 else ""
-                _say(f"{what}: {done[0]}/{total}, {spent:.0f} s{eta}")
-        return advance
-
-    yield plain
-
-
-def _with_bars(call):
-    """Run ``call(progress)`` under :func:`_bars` (the config built inside ``call`` too, so a bad
-    option is one line); clear errors."""
-    with _bars() as progress:
-        try:
-            return call(progress)
-        except (ScenarioError, ValueError, OSError, RuntimeError) as err:
-            fail(str(err))
-
-
 def _with_policy(cfg, adapters: str, study):
     """``study(cfg, progress=...)`` under :func:`_with_bars`, with ``--adapters`` folded into
     ``cfg.policy`` (a bad spec is one line) and the log beside ``cfg.out``."""
@@ -472,10 +302,10 @@ def _with_policy(cfg, adapters: str, study):
 
     def run(progress):
         c = replace(cfg, policy=_policy_spec(cfg.policy, adapters))
-        _run_log(c.out)
+        run_log(c.out)
         return study(c, progress=progress)
 
-    return _with_bars(run)
+    return with_bars(run)
 
 
 def _run_bench(cfg, suite: str = "main") -> None:
@@ -486,12 +316,12 @@ def _run_bench(cfg, suite: str = "main") -> None:
     from socialworld.bench.report import judge_rows, main_rows, r_rows, tier_rows
 
     out, judge = cfg.out, cfg.judge
-    _run_log(out)
+    run_log(out)
     if suite in SUITES:
-        _with_bars(lambda progress: run_suite(cfg, suite, log=_say, progress=progress))
-        _say((Path(out) / suite / "report.md").read_text())
+        with_bars(lambda progress: run_suite(cfg, suite, log=say, progress=progress))
+        say((Path(out) / suite / "report.md").read_text())
         return
-    result = _with_bars(lambda progress: run_bench(cfg, log=_say, progress=progress))
+    result = with_bars(lambda progress: run_bench(cfg, log=say, progress=progress))
     for title, fn in (("main table (last cycle)", main_rows), ("PassRate differences by tier (last cycle, paired)", tier_rows),
                       ("R[cycle][tier]", r_rows),
                       (f"LM judge {judge} (last cycle, proxy: beside the rule metrics)", judge_rows)):
@@ -512,7 +342,7 @@ def _run_bench(cfg, suite: str = "main") -> None:
         t.add_row(escape(rel), f"{sec:.0f}")
     t.add_row("total", f"{sum(s for _, s in phases):.0f}")
     console.print(t)
-    _say(f"report: {Path(out) / 'report.html'}")
+    say(f"report: {Path(out) / 'report.html'}")
 
 
 config_command(app, "bench", BenchConfig, _run_bench, aliases={"scenarios": "--scenario"}, ignore=RECORDED_KEYS,
@@ -529,8 +359,8 @@ def _run_tom(cfg) -> None:
     from socialworld.swm.tom import evaluate_tom
 
     try:
-        _run_log(cfg.out)
-        with _bars() as progress:
+        run_log(cfg.out)
+        with bars() as progress:
             doc = evaluate_tom(cfg, progress=progress)
     except (ScenarioError, ValueError, OSError) as err:
         fail(str(err))
@@ -576,7 +406,7 @@ def _run_foresee(cfg, adapters: str = "") -> None:
         t.add_row(k, fmt(doc.metrics["plain"][k]), fmt(doc.metrics["foresee"][k]), fmt(d))
     console.print(t)
     r = doc.refinement
-    _say(f"refined {r.refined} of {r.steps} steps; {r.unparsed} of {r.predictions} predictions unparsed; "
+    say(f"refined {r.refined} of {r.steps} steps; {r.unparsed} of {r.predictions} predictions unparsed; "
          f"prompt tokens plain {r.tokens_in['plain']}, foresee {r.tokens_in['foresee']}")
 
 
@@ -621,7 +451,7 @@ def export_cmd(
     from socialworld.agents.models import export_merged
 
     try:
-        _say(f"wrote {export_merged(_policy_spec(policy, adapters), out, track)}")
+        say(f"wrote {export_merged(_policy_spec(policy, adapters), out, track)}")
     except (ValueError, OSError) as err:
         fail(str(err))
 
