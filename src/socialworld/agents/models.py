@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from socialworld.records import shareable
 from socialworld.rundir import BENCH_LOOP, cycle_files, cycle_number, loop_cycles
@@ -230,8 +230,8 @@ def bundled_path() -> Path:
         # the dequantised model still claims to be quantised; un-flag it so it saves and trains
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.hf_quantizer = None
-        model.is_quantized = False
+        setattr(model, "hf_quantizer", None)  # attributes transformers types as modules
+        setattr(model, "is_quantized", False)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".smollm2-"))
@@ -266,7 +266,7 @@ def cpu_description() -> str:
     instructions (what :func:`auto_dtype` decides by), e.g. ``AMD EPYC, 2 CPUs, native bf16: avx512_bf16``."""
     import platform
 
-    name, flags = platform.processor(), set()
+    name, flags = platform.processor(), set[str]()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name") and name in ("", "x86_64"):
@@ -299,7 +299,8 @@ def load_hf(name_or_path: str | Path, dtype: str = "auto"):
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=getattr(torch, dtype)).to(auto_device())
+    model: Any = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=getattr(torch, dtype))
+    model = model.to(auto_device())
     model.eval()
     return model, tok
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal, Sequence, cast
 
 from socialworld.core import (
     MOOD_BUCKETS,
@@ -95,7 +95,8 @@ class Beliefs:
             new = obs.memory.facts + new
         for f in new:
             if f.kind == "prefers":
-                b.prefers.setdefault(f.npc, {})[f.slot] = f.option  # type: ignore[index]
+                assert f.slot is not None and f.option is not None  # a preference names both
+                b.prefers.setdefault(f.npc, {})[f.slot] = f.option
             elif f.kind == "vetoes":
                 b.vetoes.setdefault(f.npc, {}).setdefault(f.slot, set()).add(f.option)  # type: ignore[arg-type]
             elif f.kind == "dislikes":
@@ -221,7 +222,7 @@ class ExpertPolicy:
         """What was said, plus an inference for the unsaid: whoever accepted a proposal is
         taken to like that option, unless they stated otherwise."""
         ms = b.mental_state(obs)
-        prefs = ms.preferences
+        prefs = cast(dict[str, dict[str, str]], ms.preferences)  # the dict mental_state built: filled in place
         for s in obs.slots:
             if s.proposal is None:
                 continue

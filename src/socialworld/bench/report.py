@@ -335,21 +335,22 @@ def plots(doc: dict) -> dict[str, str]:
         fig, axes = plt.subplots(1, len(arms), figsize=(min(10.2, 1.9 * len(arms) + 0.8), 2.6), squeeze=False)
         image = None
         for ax, arm in zip(axes[0], arms):
-            m = np.full((len(cycles), len(tiers)), np.nan)
+            grid = np.full((len(cycles), len(tiers)), np.nan)
             for i, c in enumerate(cycles):
                 for j, t in enumerate(tiers):
                     iv = doc["R"][arm].get(str(c), {}).get(t)
                     if iv is not None:
-                        m[i, j] = iv["mean"]
-            image = ax.imshow(m, vmin=0, vmax=1, cmap="viridis")
+                        grid[i, j] = iv["mean"]
+            image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
             ax.set_title(arm)
             ax.set_xticks(range(len(tiers)), tiers)
             ax.set_yticks(range(len(cycles)), [f"cycle {c}" for c in cycles] if ax is axes[0][0] else [])
             for i in range(len(cycles)):
                 for j in range(len(tiers)):
-                    if not np.isnan(m[i, j]):
-                        ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", color="w" if m[i, j] < 0.6 else "k", fontsize=8)
-        fig.colorbar(image, ax=list(axes[0]), shrink=0.9, label="PassRate")
+                    if not np.isnan(grid[i, j]):
+                        ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", color="w" if grid[i, j] < 0.6 else "k", fontsize=8)
+        if image is not None:  # some arm drawn
+            fig.colorbar(image, ax=list(axes[0]), shrink=0.9, label="PassRate")
         fig.suptitle("PassRate per cycle and tier (blank: tier not unlocked)")
         out["heatmap"] = _png(fig)
     return out

@@ -160,7 +160,7 @@ def register_envs() -> list[str]:
     for sid in load_builtin_scenarios():
         name = env_id(sid)
         if name not in gymnasium.registry:
-            gymnasium.register(id=name, entry_point=SocialWorldEnv, kwargs={"scenario": sid})
+            gymnasium.register(id=name, entry_point=f"{__name__}:SocialWorldEnv", kwargs={"scenario": sid})
         ids.append(name)
     return ids
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Callable, Final, Literal, Sequence
 
 from socialworld.core import Fact, Memory
 from socialworld.metrics.stats import Interval
@@ -170,7 +170,7 @@ def chain_seed(run_seed: int, scenario_id: str, chain: int, position: int) -> in
     return derive_seed(run_seed, "chain", scenario_id, chain, position)
 
 
-CHAIN_RESULT_SCHEMA = "chain-result-v1"
+CHAIN_RESULT_SCHEMA: Final = "chain-result-v1"
 
 
 class ChainRow(Document):
@@ -233,30 +233,31 @@ def run_chains(cfg: ChainConfig, progress=None) -> ChainResult:
         for s, c in chains:
             for mode in variants:
                 hist = [] if pos == 0 else history[(mode, s.id, c)]
-                setup = None
+                setup: Callable[[World], dict]
                 if pos > 0:
                     key = (mode, s.id, c)
 
-                    def setup(w, cast=casts[(s.id, c)], prev=hist[-1], key=key, mode=mode, pos=pos, c=c):
+                    def carried(w, cast=casts[(s.id, c)], prev=hist[-1], key=key, mode=mode, pos=pos, c=c):
                         carry = carry_over(w, cast, prev, trust[key])
                         trust[key] = {k: v["trust"] for k, v in carry.items()}
                         return {"chain": f"{w.spec.id}/{c}", "position": pos, "mode": mode, "memory": MEMORY_TEXT_VERSION,
                                 "carry": carry}
+                    setup = carried
                 else:
-                    def setup(w, c=c):
+                    def first(w, c=c):
                         return {"chain": f"{w.spec.id}/{c}", "position": 0, "mode": "shared", "memory": MEMORY_TEXT_VERSION,
                                 "carry": {}}
+                    setup = first
                 jobs.append(EpisodeJob(s, chain_seed(cfg.seed, s.id, c, pos), tag=f"chain{c}-{mode}-p{pos}", setup=setup,
                                        memory=build_memory(mode, hist) if pos > 0 else None))
                 owners.append((mode, s.id, c))
         on_episode = progress(f"position {pos + 1}/{cfg.length}", len(jobs)) if progress else None
         eps = run_episodes(policy, jobs, batch_size=max(1, len(jobs)), on_episode=on_episode, run_seed=cfg.seed)
         for (mode, sid, c), ep in zip(owners, eps):
-            modes = cfg.modes if mode == "shared" else [mode]
-            for m in modes:
-                history.setdefault((m, sid, c), []).append(ep)
+            for into in (cfg.modes if mode == "shared" else [mode]):
+                history.setdefault((into, sid, c), []).append(ep)
                 if mode == "shared":
-                    trust[(m, sid, c)] = {}
+                    trust[(into, sid, c)] = {}
     keys = (PASS, SOLVE, *METRIC_KEYS)
     out = Path(cfg.out)
     per_mode: dict[str, list[ChainRow]] = {}

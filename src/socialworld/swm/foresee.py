@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Final, Literal, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -315,7 +315,7 @@ class ForeseeAndAct:
                 continue
             draft_score = cands[0][1].score
             scored = [(a, f) for a, f in cands if f.score is not None]
-            best = max(scored, key=lambda af: af[1].score, default=None)  # first on ties: the draft
+            best = max(scored, key=lambda af: af[1].score or 0.0, default=None)  # first on ties: the draft (every score here is set)
             may_refine = self.refine == "argmax" or draft_score is None or draft_score < 0
             replace = may_refine and best is not None and best[0] is not cands[0][0] and (
                 draft_score is None or best[1].score >= draft_score + self.margin)  # type: ignore[operator]
@@ -351,7 +351,7 @@ def make_world_model(spec: str, policy: Any = None, batch_size: int = 12) -> Wor
     return LMWorldModel(backend)
 
 
-FORESEE_RESULT_SCHEMA = "foresee-result-v1"
+FORESEE_RESULT_SCHEMA: Final = "foresee-result-v1"
 
 
 class Refinement(Document):

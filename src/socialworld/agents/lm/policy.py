@@ -139,6 +139,7 @@ class LMPolicy:
             comps = self.backend.complete(convs)
         out = []
         for key, obs, conv, c in zip(episode_keys, observations, convs, comps):
+            error: str | None
             if c.error is not None:
                 action, belief, error = None, None, c.error
             else:
