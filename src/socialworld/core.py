@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Literal, Mapping, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    from socialworld.records import PolicyRec
 
 ActionKind = Literal["approach", "inquire", "propose", "negotiate", "repair", "wait", "finalize", "end"]
 ACTION_KINDS: tuple[ActionKind, ...] = (
@@ -373,3 +376,14 @@ class PrivilegedPolicy(Protocol):
         observations: Sequence[Observation],
         hidden: Sequence[HiddenView],
     ) -> list[Decision]: ...
+
+
+@runtime_checkable
+class DescribedPolicy(Protocol):
+    """An optional capability of a policy: it describes itself for the records (its version, base
+    model, adapters, decoding, as a :class:`~socialworld.records.PolicyRec`). The runner records a
+    policy without it by its ``policy_id`` alone."""
+
+    policy_id: str
+
+    def info(self) -> PolicyRec: ...

@@ -294,6 +294,22 @@ def test_free_mode_counts_unparseable_output(specs, tiny):
     assert ep.metrics.U.source == "degraded"
 
 
+def test_a_backend_without_a_grammar_decodes_free_only():
+    from socialworld.agents.lm.backends import Completion, ConstrainedBackend
+
+    class FreeOnly:  # a Backend, not a ConstrainedBackend
+        name, decoding, local = "free-only", {}, False
+
+        def complete(self, conversations):
+            return [Completion("ACTION: wait()") for _ in conversations]
+
+    assert not isinstance(FreeOnly(), ConstrainedBackend)
+    with pytest.raises(ValueError, match="cannot decode under a grammar"):
+        LMPolicy(FreeOnly(), decoding="constrained")
+    ep = run_episodes(LMPolicy(FreeOnly(), decoding="free"), [EpisodeJob(tiny_spec(), 0)])[0]
+    assert ep.steps[0].action.executed == "wait()" and ep.steps[0].policy.decoding["mode"] == "free"
+
+
 def test_constrained_mode_is_parseable_by_construction(specs, tiny):
     model, tok = tiny
     pol = LMPolicy(HFBackend(model, tok, name="tiny", batch_size=4), decoding="constrained", say_tokens=6)

@@ -166,6 +166,8 @@ def test_deployed_policy_records_both_adapters(specs, tiny_dir, pairs, tmp_path)
     assert all(s.action.parse_status == "ok" for s in ep.steps)
     with pytest.raises(ValueError, match="action and/or dialogue"):
         make_lm_policy(str(tiny_dir), dtype="float32", adapters={"x": str(tmp_path / "action")})
+    with pytest.raises(ValueError, match="decoding must be auto, free or constrained"):
+        make_lm_policy(str(tiny_dir), decoding="greedy")
 
 
 @slow

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -305,7 +306,7 @@ def load_hf(name_or_path: str | Path, dtype: str = "auto"):
     return model, tok
 
 
-def load_with_adapters(name_or_path: str | Path, adapters: dict[str, str | Path], dtype: str = "auto"):
+def load_with_adapters(name_or_path: str | Path, adapters: Mapping[str, str | Path], dtype: str = "auto"):
     """A base model with named PEFT adapters loaded for inference (e.g. ``{"action": ...,
     "dialogue": ...}``); decoding picks one per segment (see :mod:`socialworld.agents.lm.constrained`).
     Returns (model, tokenizer, adapter_hash) where adapter_hash names each adapter's sha256."""

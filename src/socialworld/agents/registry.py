@@ -33,6 +33,7 @@ def make_backend(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16, d
 
     ms = parse_model_spec(spec)
     if ms.kind == "openai":
+        assert ms.base_url is not None  # parse_model_spec requires one in an openai: spec
         return OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size, timeout_s=timeout_s)
     if ms.kind in ("bundled", "hf"):
         found = {k: str(v) for k, v in find_adapters(ms.adapters).items()} if ms.adapters else {}
@@ -52,6 +53,8 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
     from socialworld.agents.lm.policy import LMPolicy
     from socialworld.agents.models import bundled_path, find_adapters, load_with_adapters
 
+    if decoding not in ("auto", "free", "constrained"):
+        raise ValueError(f"decoding must be auto, free or constrained, got {decoding!r}")
     ms = parse_model_spec(spec)
     if ms.adapters:
         if adapters:
@@ -60,8 +63,8 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
     if ms.kind == "openai":
         # constrained: the server constrains each reply to the grammar (vLLM's structured outputs);
         # auto asks the server once whether it does, and says which mode it took and why
-        backend = OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size,  # type: ignore[arg-type]
-                                timeout_s=timeout_s)
+        assert ms.base_url is not None  # parse_model_spec requires one in an openai: spec
+        backend = OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size, timeout_s=timeout_s)
         if decoding == "auto":
             accepts, why = backend.accepts_grammar()
             decoding = "constrained" if accepts else "free"
@@ -70,11 +73,11 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
     if ms.kind in ("bundled", "hf"):
         path = bundled_path() if ms.kind == "bundled" else ms.name
         model, tok, digest = load_with_adapters(path, adapters or {}, dtype=dtype)
-        backend = HFBackend(model, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        local = HFBackend(model, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=batch_size)
         if set(adapters or {}) - {"action", "dialogue"}:
             raise ValueError(f"adapters must be named action and/or dialogue, got {sorted(adapters or {})}")
         tracks = (("action" if "action" in adapters else "__base__", "dialogue" if "dialogue" in adapters else "__base__")
                   if adapters else None)
-        return LMPolicy(backend, base_model=ms.display, decoding="constrained" if decoding == "auto" else decoding,
+        return LMPolicy(local, base_model=ms.display, decoding="free" if decoding == "free" else "constrained",
                         adapter_hash=digest, adapters=tracks)
     raise ValueError(f"{spec!r} is a scripted policy, not a language model")

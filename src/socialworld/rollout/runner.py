@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from socialworld import __version__
-from socialworld.core import Decision, Memory, Policy, PrivilegedPolicy
+from socialworld.core import Decision, DescribedPolicy, Memory, Policy, PrivilegedPolicy
 from socialworld.metrics.core import align, episode_metrics
 from socialworld.records import (
     ActionRec,
@@ -105,7 +105,7 @@ def run_episodes(
     lockstep step with the turns it used up: one per episode that stepped, plus the unused turn
     budget of each episode that just ended, so the counts add up to :func:`turn_budget` of the
     jobs (a progress bar whose ETA holds while episodes in a lockstep batch finish together)."""
-    info = policy_info or (policy.info() if hasattr(policy, "info") else PolicyRec(policy_id=policy.policy_id))
+    info = policy_info or (policy.info() if isinstance(policy, DescribedPolicy) else PolicyRec(policy_id=policy.policy_id))
     out: list[EpisodeRecord] = []
     for start in range(0, len(jobs), batch_size):
         batch = list(jobs[start : start + batch_size])

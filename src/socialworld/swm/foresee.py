@@ -39,7 +39,7 @@ from typing import Any, Final, Literal, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from socialworld.core import MOOD_BUCKETS, Action, Decision, HiddenView, Observation, mood_bucket
+from socialworld.core import MOOD_BUCKETS, Action, Decision, DescribedPolicy, HiddenView, Observation, mood_bucket
 from socialworld.metrics.stats import Interval
 from socialworld.records import Document
 from socialworld.swm.config import ForeseeConfig
@@ -277,7 +277,7 @@ class ForeseeAndAct:
     def info(self):
         from socialworld.records import PolicyRec
 
-        base = self.inner.info() if hasattr(self.inner, "info") else PolicyRec(policy_id=self.inner.policy_id)
+        base = self.inner.info() if isinstance(self.inner, DescribedPolicy) else PolicyRec(policy_id=self.inner.policy_id)
         return base.model_copy(update={"policy_id": self.policy_id, "decoding": {
             **base.decoding, "foresee": {"world_model": self.world_model.name, "alternatives": self.alternatives,
                                          "margin": self.margin, "refine": self.refine, "prompt": FORESEE_PROMPT_VERSION}}})

@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from socialworld.agents.lm.constrained import MergedAdapters, PrefixCache, program_regex
 
@@ -33,13 +33,29 @@ class Completion:
 
 
 class Backend(Protocol):
-    name: str
+    """Writes replies to conversations (free text)."""
+
     decoding: dict[str, Any]
-    local: bool
-    """whether the model runs here (its logits are at hand: constrained decoding of any program);
-    an endpoint constrains only where the server supports vLLM's structured outputs"""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def local(self) -> bool:
+        """whether the model runs here (its logits are at hand: constrained decoding of any program);
+        an endpoint constrains only where the server supports vLLM's structured outputs"""
+        ...
 
     def complete(self, conversations: Sequence[Messages]) -> list[Completion]: ...
+
+
+@runtime_checkable
+class ConstrainedBackend(Backend, Protocol):
+    """A backend that can also decode under a grammar program (:mod:`socialworld.agents.lm.constrained`):
+    every reply parseable by construction. Both shipped backends can (an endpoint where its server
+    supports structured outputs)."""
+
+    def constrained(self, conversations: Sequence[Messages], programs: Sequence[Sequence[Any]]) -> list[Completion]: ...
 
 
 @dataclass

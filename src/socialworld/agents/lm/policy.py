@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
-from socialworld.agents.lm.backends import Backend, Completion
+from socialworld.agents.lm.backends import Backend, Completion, ConstrainedBackend
 from socialworld.agents.lm.constrained import Choice, Forced, Free, Segment
 from socialworld.agents.lm.prompts import build_messages, parse_output
 from socialworld.core import MOOD_BUCKETS, Decision, MentalState, Observation
@@ -108,9 +108,10 @@ class LMPolicy:
     def __init__(self, backend: Backend, prompt_version: str = POLICY_PROMPT_VERSION, base_model: str | None = None,
                  adapter_hash: str | None = None, decoding: Literal["free", "constrained"] = "free",
                  say_tokens: int = SAY_TOKENS, adapters: tuple[str, str] | None = None):
-        if decoding == "constrained" and not hasattr(backend, "constrained"):
+        if decoding == "constrained" and not isinstance(backend, ConstrainedBackend):
             raise ValueError(f"backend {backend.name} cannot decode under a grammar; use decoding='free'")
         self.backend = backend
+        self._grammar = backend if isinstance(backend, ConstrainedBackend) else None
         self.prompt_version = prompt_version
         self.policy_id = backend.name
         self.base_model = base_model or backend.name
@@ -132,9 +133,10 @@ class LMPolicy:
 
     def act(self, episode_keys: Sequence[str], observations: Sequence[Observation]) -> list[Decision]:
         convs = [build_messages(o, self.prompt_version) for o in observations]
-        if self.decoding == "constrained":
+        comps: list[Completion]
+        if self.decoding == "constrained" and self._grammar is not None:  # (always there: checked when built)
             progs = [program(o, self.say_tokens, self.adapters) for o in observations]
-            comps: list[Completion] = self.backend.constrained(convs, progs)  # type: ignore[attr-defined]
+            comps = self._grammar.constrained(convs, progs)
         else:
             comps = self.backend.complete(convs)
         out = []
