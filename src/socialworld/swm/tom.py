@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Final, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -270,7 +270,7 @@ def world_story(ep) -> Story | None:
             slot, option, _ = [x.strip() for x in a[len("propose("):-1].split(",")]
             events.append(StoryEvent(kind="propose", agent=WORLD_ORGANISER, obj=slot, dest=option))
     presence(ep.final.present)
-    proposed = list(dict.fromkeys(e.obj for e in events if e.kind == "propose"))
+    proposed = list(dict.fromkeys(e.obj for e in events if e.kind == "propose" and e.obj is not None))
     if not proposed:
         return None
     sid = f"world-{ep.scenario_id}-{ep.seed}"
@@ -531,7 +531,8 @@ def _evaluate_source(backend, stories: Sequence[Story], max_retries: int, iv, pr
         parser_rows[name] = ParserScores(quality=iv([x["quality"] for x in q]), structural=iv([x["structural"] for x in q]),
                                          observation_accuracy=iv([x["observation_accuracy"] for x in q]),
                                          attempts=sum(r.attempts for r in results), valid=sum(r.doc is not None for r in results))
-    docs = {"none": [None] * len(stories), "reference": [s.reference for s in stories], "parsed": [r.doc for r in parses["model"]]}
+    docs: dict[str, list[S3APDocument | None]] = {"none": [None] * len(stories), "reference": [s.reference for s in stories],
+                                                  "parsed": [r.doc for r in parses["model"]]}
     rows, qa = [], {}
     for source in S3AP_SOURCES:
         items = [(s, q, d) for s, d in zip(stories, docs[source]) for q in s.questions]
@@ -546,7 +547,7 @@ def _evaluate_source(backend, stories: Sequence[Story], max_retries: int, iv, pr
     return parser_rows, qa, rows
 
 
-TOM_RESULT_SCHEMA = "tom-result-v1"
+TOM_RESULT_SCHEMA: Final = "tom-result-v1"
 
 
 class ParserScores(Document):

@@ -11,6 +11,7 @@ Templates are plain ``str.format`` strings; the engine decides *which* one, neve
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 NPC_REPLIES_VERSION = "npc-replies-v1"
 CUES_VERSION = "cues-v1"
@@ -190,7 +191,7 @@ POLICY_FAVOURED = "favoured"
 
 # ---------------------------------------------------------------- theory-of-mind stories
 
-TOM_STORY_VERSION = "tom-story-v1"
+TOM_STORY_VERSION: Final = "tom-story-v1"
 
 TOM_SENTENCES: dict[str, str] = {
     "enter": "{agent} enters the {room}.",
@@ -206,7 +207,7 @@ TOM_QUESTIONS: dict[str, str] = {
 }
 
 # world episodes as stories (the second source): who was there when each proposal was made
-WORLD_STORY_VERSION = "world-story-v1"
+WORLD_STORY_VERSION: Final = "world-story-v1"
 WORLD_SENTENCES: dict[str, str] = {
     "propose": "{agent} proposes the {dest} for the {obj}.",
 }

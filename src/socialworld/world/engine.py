@@ -332,9 +332,9 @@ class World:
             for k, h in self.hid.items()
         }
         soon = frozenset(
-            self.spec.events[i].tag  # type: ignore[misc]
+            tag
             for turn, i in self.schedule
-            if turn > self.pub.t and self.spec.events[i].kind == "weather_change"
+            if turn > self.pub.t and self.spec.events[i].kind == "weather_change" and (tag := self.spec.events[i].tag) is not None
         )
         return HiddenView(
             npcs=MappingProxyType(npcs),
@@ -405,15 +405,17 @@ class World:
         phi_before = self.progress()
         penalty, reasons = 0.0, []
         replies: list[Line] = []
-        q, feats, leaked = None, {}, ()
+        q, feats = None, {}
+        leaked: tuple[str, ...] = ()
         status: Literal["ok", "unparseable", "illegal"] = "ok"
         error = parse_error
-        executed = action
+        executed: Action
         if action is None:
             status, executed = "unparseable", Action("wait")
             penalty, reasons = PENALTY_INVALID, ["unparseable"]
         else:
             error = self.check_legal(action)
+            executed = action
             if error is not None:
                 status, executed = "illegal", Action("wait", utterance=action.utterance)
                 penalty, reasons = PENALTY_INVALID, ["illegal"]
@@ -426,7 +428,6 @@ class World:
             leaked = leaked_secrets(self.spec, executed.utterance, to, p.confided)
             p.leaks += len(leaked)
         if status == "ok":
-            assert executed is not None
             score = assess(self.spec, executed, p.facts, p.confided)
             q, feats, leaked = score.q, score.features, score.leaked
             if leaked:
