@@ -180,7 +180,7 @@ def _merge_forced(program: Sequence[Segment]) -> list[Segment]:
 @dataclass
 class _Row:
     program: list[Segment]
-    ids: list[list[int]]  # tokenized Forced text / Choice candidates per segment (None for Free)
+    ids: list[Any]  # per segment: a Forced text's tokens, a Choice's candidates' tokens, None for Free
     seg: int = 0
     pending: list[int] = field(default_factory=list)
     # current Choice state
@@ -296,7 +296,7 @@ class _Engine:
             cont = {cands[k][r.offset] for k in r.alive if len(cands[k]) > r.offset}
             ended = [k for k in r.alive if len(cands[k]) == r.offset]
             end_tok = self._end_token(r) if ended else None
-            allowed = sorted(cont | ({end_tok} if ended else set()))
+            allowed = sorted(cont | ({end_tok} if end_tok is not None else set()))
             k, logp = self.pick(logits[allowed])
             pick = allowed[k]
             r.chosen += 1
@@ -503,6 +503,11 @@ class _Cache:
     a decode outruns it: appending never copies the whole cache each step (``DynamicCache``
     concatenates, which was ~45% of a step here)."""
 
+    kv: Any
+    """the ``StaticCache``"""
+    mask: Any
+    """which of its positions each row has filled (batch x capacity)"""
+
     def __init__(self, model: Any, batch: int, capacity: int):
         self.model, self.batch, self.used = model, batch, 0
         self._alloc(capacity)
@@ -515,7 +520,7 @@ class _Cache:
         self.capacity = capacity
         self.kv = StaticCache(config=self.model.config, max_cache_len=capacity)
         self.mask = torch.zeros((self.batch, capacity), dtype=torch.long, device=self.model.device)
-        if old is not None and self.used:
+        if old is not None and old_mask is not None and self.used:
             for new_layer, layer in zip(self.kv.layers, old.layers):
                 new_layer.update(layer.keys[:, :, : self.used], layer.values[:, :, : self.used])
             self.mask[:, : self.used] = old_mask[:, : self.used]
@@ -551,8 +556,8 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
     else:  # a given prefix counts only where it tokenizes as the start of the whole prompt
         pre = []
         for text, e in zip(prefixes, enc):
-            p = eng.ids(text)
-            pre.append(tuple(p) if 0 < len(p) < len(e) and e[: len(p)] == p else ())
+            given = eng.ids(text)
+            pre.append(tuple(given) if 0 < len(given) < len(e) and e[: len(given)] == given else ())
     # rows whose first adapter is activated: the prompt before its invocation under the base model
     mixed = any(getattr(seg, "adapter", None) for prog in programs for seg in prog)
     active = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None  # what runs unnamed
