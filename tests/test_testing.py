@@ -11,7 +11,7 @@ def test_the_tiny_tokenizers_text_does_not_depend_on_the_checkout_path(monkeypat
     from socialworld.text import templates
 
     before = tiny_corpus()
-    assert templates.POLICY_SYSTEM["policy-v5"] in before
+    assert templates.POLICY_PROMPTS["policy-v5"].system in before
     monkeypatch.setattr(templates, "__file__", "/somewhere/else/src/socialworld/text/templates.py")
     monkeypatch.setattr(templates, "__cached__", "/somewhere/else/templates.cpython-311.pyc", raising=False)
     assert tiny_corpus() == before

@@ -126,7 +126,8 @@ def tiny_corpus() -> list[str]:
     from socialworld.world.spec import load_builtin_scenarios
 
     corpus = [t for k, t in vars(templates).items() if isinstance(t, str) and not k.startswith("__")]
-    corpus += [str(v) for d in (templates.NPC_REPLIES, templates.AGENT_UTTERANCES, templates.POLICY_SYSTEM) for v in d.values()]
+    corpus += [str(v) for d in (templates.NPC_REPLIES, templates.AGENT_UTTERANCES) for v in d.values()]
+    corpus += [p.system for p in templates.POLICY_PROMPTS.values()]
     return corpus + [s.model_dump_json() for s in load_builtin_scenarios().values()]
 
 

@@ -106,8 +106,8 @@ def test_prompt_names_the_option_the_known_wants_favour(specs):
     """policy-v6: an open decision's line names ``favoured: <option>`` exactly when a present
     stakeholder's wish there is known; the option is one nobody present vetoed, within the budget,
     and no other such option scores higher (two per known preference, minus one per dislike)."""
+    from socialworld.agents.beliefs import Beliefs
     from socialworld.agents.lm.prompts import favoured
-    from socialworld.agents.scripted import Beliefs
 
     seen = set()
     for sid in ("team_lunch-v1", "birthday_budget-v1", "book_club-v1"):
@@ -611,9 +611,10 @@ def _grammar_text(obs, choose) -> str:
 def test_belief_target_is_what_the_observation_supports(specs):
     """The trained BELIEF line is a function of the prompt (the expert's inference, a fixed rule
     for the unknown), in the decoding grammar."""
+    from socialworld.agents.beliefs import Beliefs
     from socialworld.agents.lm.policy import belief_target, focus, target_turn
     from socialworld.agents.lm.prompts import parse_belief
-    from socialworld.agents.scripted import Beliefs, ExpertPolicy, say
+    from socialworld.agents.scripted import ExpertPolicy, say
     from socialworld.world.visibility import legal_actions
 
     cases = set()

@@ -149,19 +149,6 @@ _POLICY_SYSTEM_V5 = (
     "BELIEF: <person> <decision>=<option> mood=<low|mid|high>\nACTION: <action>\nSAY: <your words>\n\n"
     "{brief}"
 )
-POLICY_SYSTEM: dict[str, str] = {"policy-v2": _POLICY_SYSTEM_V2, "policy-v3": _POLICY_SYSTEM_V2, "policy-v4": _POLICY_SYSTEM_V2,
-                                 "policy-v5": _POLICY_SYSTEM_V5, "policy-v6": _POLICY_SYSTEM_V5}
-
-# fields: obs (the state, prompts.compact), moves (the agent's own last actions, or POLICY_NO_MOVES)
-POLICY_USER: dict[str, str] = {
-    "policy-v2": "{obs}",
-    "policy-v3": "{obs}\nYou did: {moves}",
-    "policy-v4": "{obs}\nYou did: {moves}",
-    "policy-v5": "{obs}\nYou did: {moves}",
-    "policy-v6": "{obs}\nYou did: {moves}",
-}
-
-
 @dataclass(frozen=True)
 class PolicyStateView:
     """What a prompt version's state (``agents.lm.prompts.compact``) shows beyond the basics."""
@@ -176,13 +163,29 @@ class PolicyStateView:
     """"You did:" tallies every earlier move with the latest apart (policy-v6), not the last ``POLICY_LAST_MOVES``"""
 
 
-POLICY_VIEW: dict[str, PolicyStateView] = {
-    "policy-v2": PolicyStateView(),
-    "policy-v3": PolicyStateView(),
-    "policy-v4": PolicyStateView(wants=True),
-    "policy-v5": PolicyStateView(wants=True, agreed=True),
-    "policy-v6": PolicyStateView(wants=True, agreed=True, favoured=True, tally=True),
-}
+@dataclass(frozen=True)
+class PolicyPrompt:
+    """One version of the language-model policy's prompt, whole."""
+
+    version: str
+    system: str
+    """the system message; ``{brief}``: the scenario's static part (``agents.lm.prompts.brief``)"""
+    user: str
+    """the user message; ``{obs}``: the state (``agents.lm.prompts.compact``), ``{moves}``: the
+    agent's own earlier moves (or ``POLICY_NO_MOVES``)"""
+    view: PolicyStateView
+    """what the state shows beyond the basics"""
+
+
+_MOVES = "{obs}\nYou did: {moves}"
+POLICY_PROMPTS: dict[str, PolicyPrompt] = {p.version: p for p in (
+    PolicyPrompt("policy-v2", _POLICY_SYSTEM_V2, "{obs}", PolicyStateView()),
+    PolicyPrompt("policy-v3", _POLICY_SYSTEM_V2, _MOVES, PolicyStateView()),
+    PolicyPrompt("policy-v4", _POLICY_SYSTEM_V2, _MOVES, PolicyStateView(wants=True)),
+    PolicyPrompt("policy-v5", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(wants=True, agreed=True)),
+    PolicyPrompt("policy-v6", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(wants=True, agreed=True, favoured=True, tally=True)),
+)}
+"""every prompt version by its name (records name the version they were made under)"""
 POLICY_LAST_MOVES = 3
 """how many of the agent's latest moves "You did:" lists under a version without ``tally``"""
 POLICY_ALL_AGREE = "everyone here agrees"

@@ -76,7 +76,8 @@ def belief_target(obs: Observation) -> str:
     option on the table, else the decision's first option), so every target is a function of the
     prompt: the simulator's hidden truth (a hindsight label) taught the model to guess what no
     prompt reveals, and that noise outweighed the few tokens that pick the action."""
-    from socialworld.agents.scripted import Beliefs, ExpertPolicy
+    from socialworld.agents.beliefs import Beliefs
+    from socialworld.agents.scripted import ExpertPolicy
 
     npc = focus(obs)
     if npc is None:

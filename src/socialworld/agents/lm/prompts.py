@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from socialworld.agents.beliefs import Beliefs
 from socialworld.core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, SlotView
 from socialworld.text.reply import BELIEF_ITEM, reply_fields
 from socialworld.text.templates import (
@@ -15,15 +15,10 @@ from socialworld.text.templates import (
     POLICY_LAST_MOVES,
     POLICY_NO_MOVES,
     POLICY_PROMPT_VERSION,
-    POLICY_SYSTEM,
-    POLICY_USER,
-    POLICY_VIEW,
+    POLICY_PROMPTS,
     PolicyStateView,
 )
 from socialworld.world.visibility import memory_text
-
-if TYPE_CHECKING:
-    from socialworld.agents.scripted import Beliefs
 
 
 def brief(obs: Observation) -> str:
@@ -81,8 +76,6 @@ def compact(obs: Observation, view: PolicyStateView = PolicyStateView()) -> str:
     says what its stakeholders want, and "Known:" keeps only vetoes and dislikes; ``agreed``
     (policy-v5): a proposal every present stakeholder accepted says so; ``favoured`` (policy-v6):
     the option the known wants favour (:func:`favoured`)."""
-    from socialworld.agents.scripted import Beliefs
-
     beliefs = Beliefs().update(obs) if view.wants or view.favoured else None
     lines = [f"Turn {obs.step + 1}/{obs.turn_budget}."]
     if obs.budget is not None:
@@ -123,10 +116,11 @@ def compact(obs: Observation, view: PolicyStateView = PolicyStateView()) -> str:
 
 
 def build_messages(obs: Observation, version: str = POLICY_PROMPT_VERSION) -> list[dict[str, str]]:
-    view = POLICY_VIEW[version]
+    prompt = POLICY_PROMPTS[version]
+    view = prompt.view
     return [
-        {"role": "system", "content": POLICY_SYSTEM[version].format(brief=brief(obs))},
-        {"role": "user", "content": POLICY_USER[version].format(obs=compact(obs, view), moves=moves_text(obs.moves, view.tally))},
+        {"role": "system", "content": prompt.system.format(brief=brief(obs))},
+        {"role": "user", "content": prompt.user.format(obs=compact(obs, view), moves=moves_text(obs.moves, view.tally))},
     ]
 
 

@@ -1,0 +1,67 @@
+"""The expert's belief tracker: what an observer can infer from the public record (the fact log,
+and in a chained episode what NPCs said in earlier ones). The expert decides by it, and the
+language-model prompt shows what it infers (``agents.lm.prompts``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from socialworld.core import MentalState, Observation
+
+
+@dataclass
+class Beliefs:
+    """What an observer can infer from the public record."""
+
+    prefers: dict[str, dict[str, str]] = field(default_factory=dict)
+    vetoes: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    dislikes: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    vague: Counter = field(default_factory=Counter)
+    confided: set[str] = field(default_factory=set)
+
+    seen: int = 0
+    """how many facts of the (append-only) fact log have been absorbed"""
+    remembered: bool = False
+    """whether the chain memory's facts (earlier episodes) have been absorbed"""
+
+    def update(self, obs: Observation) -> Beliefs:
+        """Absorb the facts added since the last update (facts are append-only); on the first
+        update of a chained episode, first what NPCs said in earlier episodes."""
+        b = self
+        new, b.seen = obs.facts[b.seen :], len(obs.facts)
+        if not b.remembered and obs.memory is not None:
+            b.remembered = True
+            new = obs.memory.facts + new
+        for f in new:
+            if f.kind == "prefers":
+                assert f.slot is not None and f.option is not None  # a preference names both
+                b.prefers.setdefault(f.npc, {})[f.slot] = f.option
+            elif f.kind == "vetoes":
+                b.vetoes.setdefault(f.npc, {}).setdefault(f.slot, set()).add(f.option)  # type: ignore[arg-type]
+            elif f.kind == "dislikes":
+                b.dislikes.setdefault(f.npc, {}).setdefault(f.slot, set()).add(f.option)  # type: ignore[arg-type]
+            elif f.kind == "vague":
+                b.vague[(f.npc, f.slot)] += 1
+            elif f.kind == "secret":
+                b.confided.add(f.npc)
+            elif f.kind == "unsettled":  # second thoughts: forget what we knew of that slot
+                b.prefers.get(f.npc, {}).pop(f.slot, None)  # type: ignore[arg-type]
+                b.dislikes.get(f.npc, {}).pop(f.slot, None)  # type: ignore[arg-type]
+                b.vague[(f.npc, f.slot)] = 0
+        return b
+
+    def vetoed(self, holders: Sequence[str], slot: str, option: str) -> bool:
+        """Someone of ``holders`` is known to have vetoed ``option`` on ``slot``."""
+        return any(option in self.vetoes.get(h, {}).get(slot, ()) for h in holders)
+
+    def want_score(self, holders: Sequence[str], slot: str, option: str) -> int:
+        """How far the known wants of ``holders`` favour ``option`` on ``slot``: two for each known
+        to prefer it, minus one for each known to dislike it."""
+        return sum(2 * (self.prefers.get(h, {}).get(slot) == option) - (option in self.dislikes.get(h, {}).get(slot, ()))
+                   for h in holders)
+
+    def mental_state(self, obs: Observation) -> MentalState:
+        moods = {n.id: (n.cue_bucket or "mid") for n in obs.npcs if n.present}
+        return MentalState({k: dict(v) for k, v in self.prefers.items()}, moods)
