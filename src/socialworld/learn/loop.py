@@ -267,9 +267,10 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
     :func:`wake`, :func:`judge`, :func:`sleep`, :func:`train`, :func:`evaluate` and
     :func:`summarize`, each an artifact of the run folder. Returns the cycles' summaries."""
     loop = start(cfg, log, progress)
+    baseline: list[EpisodeRecord] | None = None
     if cfg.baseline:  # every tier that may unlock: the untrained policy is the same in every cycle
-        evaluate(loop, 0, cfg.tiers, None, "cycle 0 eval (untrained)")
-        m0 = aggregate(read_jsonl(loop.run.path(cycle_files(0).eval))).as_dict()
+        baseline = evaluate(loop, 0, cfg.tiers, None, "cycle 0 eval (untrained)")
+        m0 = aggregate(baseline).as_dict()
         log(f"cycle 0 (untrained): eval pass {m0['pass_rate']:.2f} solve {m0['solve_rate']:.2f} D {m0['D']:.2f} CR {m0['CR']:.2f}")
     tiers: tuple[str, ...] = ()
     evaluated: list[EpisodeRecord] = []
@@ -280,7 +281,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
         gating = sleep(loop, cycle, wake(loop, cycle))
         trained = train(loop, cycle)
         evaluated = evaluate(loop, c, cycle.tiers, trained.adapters, f"cycle {c} eval")
-        summaries.append(summarize(loop, cycle, gating, trained, evaluated))
+        summaries.append(summarize(loop, cycle, gating, trained, evaluated, baseline))
         tiers, adapters = cycle.tiers, trained.adapters
     return summaries
 
@@ -448,22 +449,24 @@ def train(loop: LoopRun, cycle: Cycle) -> Trained:
     return Trained(losses, trained or None)
 
 
-def summarize(loop: LoopRun, cycle: Cycle, gating: Gating, trained: Trained, evaluated: list[EpisodeRecord]) -> CycleSummary:
+def summarize(loop: LoopRun, cycle: Cycle, gating: Gating, trained: Trained, evaluated: list[EpisodeRecord],
+              baseline: list[EpisodeRecord] | None) -> CycleSummary:
     """The cycle's summary (``summary.json``): its pairs, its losses, its evaluation overall and by
-    tier, and with a baseline its paired bootstrap against the untrained policy; logged."""
+    tier, and with a ``baseline`` (the untrained policy's cycle-0 evaluation) its paired bootstrap
+    against it; logged."""
     cfg, run, c, d, log = loop.cfg, loop.run, cycle.number, cycle.files, loop.log
     m = aggregate(evaluated).as_dict()
     vs = None
-    if cfg.baseline:
+    if baseline is not None:
         keys = {(e.scenario_id, e.seed) for e in evaluated}
-        base = [e for e in read_jsonl(run.path(cycle_files(0).eval)) if (e.scenario_id, e.seed) in keys]
+        base = [e for e in baseline if (e.scenario_id, e.seed) in keys]
         vs = {k: paired_difference(base, evaluated, k, seed=cfg.seed) for k in COMPARED}
     summary = CycleSummary(
         cycle=c, tiers=list(cycle.tiers), pairs=gating.kept, excluded=gating.excluded, replayed=gating.replayed,
         final_loss={t: (v[-1] if v else None) for t, v in trained.losses.items()}, eval=m,
         by_tier={t: aggregate(eps).as_dict() for t, eps in sorted(group_by(evaluated, "tier").items())}, vs_baseline=vs)
     run.produce(d.summary, "summary", lambda p: atomic_write_text(p, summary.to_json()),
-                inputs=[d.eval, d.sleep, *loop.relative(trained.adapters), *([cycle_files(0).eval] if cfg.baseline else [])])
+                inputs=[d.eval, d.sleep, *loop.relative(trained.adapters), *([cycle_files(0).eval] if baseline is not None else [])])
     log(f"cycle {c}: eval pass {m['pass_rate']:.2f} solve {m['solve_rate']:.2f} D {m['D']:.2f} CR {m['CR']:.2f}")
     for k, iv in (summary.vs_baseline or {}).items():
         log(f"cycle {c}: {k} - untrained = {iv.mean:+.3f}, 95% paired bootstrap [{iv.lo:+.3f}, {iv.hi:+.3f}]")

@@ -109,10 +109,13 @@ class LMPolicy:
     def __init__(self, backend: Backend, prompt_version: str = POLICY_PROMPT_VERSION, base_model: str | None = None,
                  adapter_hash: str | None = None, decoding: Literal["free", "constrained"] = "free",
                  say_tokens: int = SAY_TOKENS, adapters: tuple[str, str] | None = None):
-        if decoding == "constrained" and not isinstance(backend, ConstrainedBackend):
-            raise ValueError(f"backend {backend.name} cannot decode under a grammar; use decoding='free'")
+        self._grammar: ConstrainedBackend | None = None
+        """the backend, where this policy decodes under the reply grammar"""
+        if decoding == "constrained":
+            if not isinstance(backend, ConstrainedBackend):
+                raise ValueError(f"backend {backend.name} cannot decode under a grammar; use decoding='free'")
+            self._grammar = backend
         self.backend = backend
-        self._grammar = backend if isinstance(backend, ConstrainedBackend) else None
         self.prompt_version = prompt_version
         self.policy_id = backend.name
         self.base_model = base_model or backend.name
@@ -135,7 +138,7 @@ class LMPolicy:
     def act(self, episode_keys: Sequence[str], observations: Sequence[Observation]) -> list[Decision]:
         convs = [build_messages(o, self.prompt_version) for o in observations]
         comps: list[Completion]
-        if self.decoding == "constrained" and self._grammar is not None:  # (always there: checked when built)
+        if self._grammar is not None:
             progs = [program(o, self.say_tokens, self.adapters) for o in observations]
             comps = self._grammar.constrained(convs, progs)
         else:
