@@ -86,7 +86,7 @@ def main() -> None:
     for tier, group in sorted(group_by(eps, "tier").items()):
         m = aggregate(group)
         print(f"{tier}: n={m.n} U={m.U:.2f} A_e={m.A_e:.2f} S_npc={m.S_npc:.2f} D={m.D:.2f} CR={m.CR:.2f} "
-              f"pass={m.pass_rate:.2f} parse_fail={m.parse_failure_rate:.2f}")
+              f"pass={m['pass']:.2f} parse_fail={m.parse_failure_rate:.2f}")
     if args.out:
         write_jsonl(Path(args.out) / "episodes.jsonl", eps)
 

@@ -18,6 +18,8 @@ from typing import Any, Final, Iterable, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from socialworld.metric_registry import SIGNAL_KEYS, metric
+
 STEP_SCHEMA: Final = "step-v1"
 EPISODE_SCHEMA: Final = "episode-v1"
 JUDGE_SCHEMA: Final = "judge-v1"
@@ -345,7 +347,7 @@ def write_parquet(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
                 "passed": None if m is None else m.passed,
                 "solved": None if m is None else m.solved,
                 "metrics_contract": None if m is None else m.contract,
-                **{k: (None if m is None else getattr(m, k).value) for k in ("U", "A_e", "S_npc", "D", "CR")},
+                **{k: (None if m is None else getattr(m, metric(k).field).value) for k in SIGNAL_KEYS},
                 "schema_version": e.schema_version,
                 "record": record_json(e),
             }
@@ -361,7 +363,7 @@ def write_parquet(path: str | Path, episodes: Iterable[EpisodeRecord]) -> None:
             ("passed", pa.bool_()),
             ("solved", pa.bool_()),
             ("metrics_contract", pa.string()),
-            *((k, pa.float64()) for k in ("U", "A_e", "S_npc", "D", "CR")),
+            *((k, pa.float64()) for k in SIGNAL_KEYS),
             ("schema_version", pa.string()),
             ("record", pa.string()),
         ]
@@ -386,5 +388,17 @@ def read_parquet(path: str | Path) -> list[EpisodeRecord]:
     return [record_from_json(EpisodeRecord, r) for r in pq.read_table(path, columns=["record"]).column("record").to_pylist()]
 
 
-def dumps_canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+D = TypeVar("D", bound=Document)
+
+
+def read_document(path: str | Path, kind: type[D]) -> D:
+    """A typed document read back (an older version through its model's migration); a missing,
+    malformed or unknown one raises ``ValueError`` naming the file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read it: {err}") from err
+    try:
+        return kind.model_validate_json(text)
+    except ValueError as err:
+        raise ValueError(f"{path}: not a {kind.__name__} document this version reads: {err}") from err

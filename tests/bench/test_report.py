@@ -8,13 +8,16 @@ import pytest
 
 from socialworld.agents.registry import make_policy
 from socialworld.bench.config import BenchConfig
-from socialworld.bench.protocol import bench_document
+from socialworld.bench.document import read_bench
+from socialworld.bench.protocol import bench_document, remake_reports
 from socialworld.bench.report import markdown, write_reports
 from socialworld.learn.loop import CycleSummary
-from socialworld.records import Message, PromptRec, atomic_write_text
+from socialworld.metric_registry import KEYS
+from socialworld.metrics.core import aggregate
+from socialworld.records import Message, PromptRec, atomic_write_text, write_jsonl
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.runner import EpisodeJob, run_episodes
-from socialworld.rundir import RunDir
+from socialworld.rundir import RunDir, cycle_files
 from socialworld.world.spec import resolve_scenarios
 
 TIERS = {1: ["L0"], 2: ["L0", "L1"]}
@@ -43,10 +46,10 @@ def bench(tmp_path_factory):
     per_cycle = {arm: {c: [e for e in es if e.tier in t] for c, t in TIERS.items()} for arm, es in eps.items()}
     cfg = BenchConfig(out=str(tmp_path_factory.mktemp("bench")), preset="smoke", resamples=2000)
     loop = [CycleSummary(cycle=c, tiers=t, pairs={"action": 3}, excluded={"action:below_margin": 2}, final_loss={"action": 0.6},
-                         eval={"pass_rate": 0.5, "solve_rate": 0.25, "D": 0.5}, by_tier={}) for c, t in TIERS.items()]
+                         eval=aggregate(per_cycle["B"][c]), by_tier={}) for c, t in TIERS.items()]
     doc = bench_document(cfg, TIERS, per_cycle, loop)
     run = RunDir(cfg.out)
-    run.produce("bench.json", "bench", lambda p: atomic_write_text(p, json.dumps(doc)))
+    run.produce("bench.json", "bench", lambda p: atomic_write_text(p, doc.to_json()))
     write_reports(run, doc, per_cycle)
     return cfg, doc, per_cycle
 
@@ -55,29 +58,69 @@ def test_document_numbers_come_from_the_records(bench):
     from socialworld.bench.report import cut_note
 
     _cfg, doc, per_cycle = bench
-    assert "stops after 4 turns" in cut_note(doc) and cut_note({**doc, "preset": {**doc["preset"], "max_turns": 0}}) is None
-    assert set(doc["main"]) == {"A", "B", "C"}
-    assert doc["main"]["A"]["pass"]["mean"] == 0.0  # random never passes
-    b_a = doc["paired"]["B-A"]["pass"]
-    assert b_a["mean"] == pytest.approx(doc["main"]["B"]["pass"]["mean"]) and b_a["lo"] > 0
-    assert doc["ratios"]["B/A"]["pass"] is None  # A's pass rate is 0: no ratio, not a made-up number
+    assert "stops after 4 turns" in cut_note(doc) and cut_note(doc.model_copy(update={"preset": {**doc.preset, "max_turns": 0}})) is None
+    assert set(doc.main) == {"A", "B", "C"} and all(list(ivs) == list(KEYS) for ivs in doc.main.values())
+    assert doc.main["A"]["pass"].mean == 0.0  # random never passes
+    b_a = doc.paired["B-A"]["pass"]
+    assert b_a.mean == pytest.approx(doc.main["B"]["pass"].mean) and b_a.lo > 0
+    assert doc.ratios["B/A"]["pass"] is None  # A's pass rate is 0: no ratio, not a made-up number
     # per tier: the paired PassRate difference on that tier's last-cycle episodes (B the expert, A random, C the oracle)
     last = per_cycle["B"][max(per_cycle["B"])]
     for tier in ("L0", "L1"):
         b = [e for e in last if e.tier == tier]
-        d = doc["paired_by_tier"]["B-A"][tier]
-        assert d["n"] == len(b) and d["mean"] == pytest.approx(sum(bool(e.metrics.passed) for e in b) / len(b))
+        d = doc.paired_by_tier["B-A"][tier]
+        assert d.n == len(b) and d.mean == pytest.approx(sum(bool(e.metrics.passed) for e in b) / len(b))
         oracle = [e for e in per_cycle["C"][max(per_cycle["C"])] if e.tier == tier]
-        assert doc["paired_by_tier"]["B-C"][tier]["mean"] == pytest.approx(d["mean"] - sum(bool(e.metrics.passed) for e in oracle) / len(b))
-    assert set(doc["paired_by_tier"]) == {"B-A", "B-C"}
-    assert set(doc["R"]["B"]["2"]) == {"L0", "L1"} and set(doc["R"]["B"]["1"]) == {"L0"}
-    assert set(doc["forgetting"]["B"]) == {"L0"}
-    assert doc["unlock_cycles"] == {"L0": 1, "L1": 2}
-    assert doc["episodes_per_arm"]["A"] == sum(len(v) for v in per_cycle["A"].values())
+        assert doc.paired_by_tier["B-C"][tier].mean == pytest.approx(d.mean - sum(bool(e.metrics.passed) for e in oracle) / len(b))
+    assert set(doc.paired_by_tier) == {"B-A", "B-C"}
+    assert set(doc.R["B"]["2"]) == {"L0", "L1"} and set(doc.R["B"]["1"]) == {"L0"}
+    assert set(doc.forgetting["B"]) == {"L0"}
+    assert doc.unlock_cycles == {"L0": 1, "L1": 2}
+    assert doc.episodes_per_arm["A"] == sum(len(v) for v in per_cycle["A"].values())
     md = markdown(doc)
     for title in ("Main table", "PassRate differences by tier", "Hierarchical", "Forgetting", "Closed loop", "Diagnostics"):
         assert f"## {title}" in md
-    assert "PassRate differences by tier" not in markdown({k: v for k, v in doc.items() if k != "paired_by_tier"})  # an older document
+    assert "PassRate differences by tier" not in markdown(doc.model_copy(update={"paired_by_tier": {}}))  # an older document
+
+
+def _as_v1(doc):
+    """``doc`` as a bench.json of v1 (before the metric registry): no schema_version, no
+    paired_by_tier, and each cycle's aggregates flat with PassRate spelled ``pass_rate``."""
+    old = json.loads(doc.to_json())
+    del old["schema_version"], old["paired_by_tier"], old["judge"]
+    for s in old["loop"]:
+        s["schema_version"] = "cycle-summary-v1"
+        for agg in (s["eval"], *s["by_tier"].values()):
+            m = agg.pop("metrics")
+            agg.update({k: m[k] for k in ("U", "A_e", "S_npc", "D", "CR")}, pass_rate=m["pass"], solve_rate=m["solve"])
+    return old
+
+
+def test_a_v1_bench_document_reads_as_v2_and_its_reports_are_made_again(bench, tmp_path):
+    cfg, doc, per_cycle = bench
+    old = _as_v1(doc)
+    assert "pass_rate" in old["loop"][0]["eval"] and "metrics" not in old["loop"][0]["eval"]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(old))
+    back = read_bench(path)
+    assert back == doc.model_copy(update={"paired_by_tier": {}})  # every number as it was, in today's form
+    assert back.loop[0].eval["pass"] == doc.loop[0].eval["pass"] and back.loop[0].schema_version == "cycle-summary-v2"
+    path.write_text(json.dumps({**old, "main": {"A": {"PassRate": old["main"]["A"]["pass"]}}}))
+    with pytest.raises(ValueError, match="(?s)bench.json: not a BenchDoc.*unknown metric.*PassRate"):
+        read_bench(path)
+    # a finished bench folder of v1: `socialworld report` rewrites its document and remakes the reports from it
+    folder = tmp_path / "run"
+    shutil.copytree(cfg.out, folder)
+    run = RunDir(folder)
+    atomic_write_text(folder / "bench.json", json.dumps(old, indent=1))
+    run.commit("bench.json", "bench")
+    run.produce("arms/C/episodes.jsonl", "eval", lambda p: write_jsonl(p, per_cycle["C"][2]))  # every tier: the last cycle's
+    write_jsonl(folder / "loop" / cycle_files(0).eval, per_cycle["A"][2])
+    for c in TIERS:
+        write_jsonl(folder / "loop" / cycle_files(c).eval, per_cycle["B"][c])
+    remake_reports(folder, log=lambda _: None)
+    assert read_bench(folder) == back and json.loads((folder / "bench.json").read_text())["schema_version"] == "bench-v2"
+    assert (folder / "report.md").read_text() == markdown(back) + "\n"
 
 
 def test_html_report_renders_in_headless_chromium(bench):

@@ -4,6 +4,7 @@ import pytest
 from typer.testing import CliRunner
 
 from socialworld.cli.main import app
+from socialworld.rollout.evaluate import read_eval_summary
 
 runner = CliRunner()
 
@@ -21,12 +22,27 @@ def test_eval_json_shape_and_outputs(tmp_path):
     doc = json.loads(r.stdout)
     assert doc["policy"] == "expert" and doc["episodes"] == 4
     assert set(doc["by_tier"]) == {"L0"}
-    keys = {"U", "A_e", "S_npc", "D", "CR", "pass_rate"}
-    assert keys <= set(doc["by_tier"]["L0"])
+    assert doc["schema_version"] == "eval-summary-v2"
+    keys = {"U", "A_e", "S_npc", "D", "CR", "pass", "solve"}  # the registry's, one spelling
+    assert set(doc["by_tier"]["L0"]["metrics"]) == keys
     for row in doc["by_scenario"].values():
-        assert keys <= set(row) and row["tier"] == "L0"
+        assert set(row["metrics"]) == keys and row["tier"] == "L0"
     assert (tmp_path / "episodes.parquet").exists() and (tmp_path / "episodes.jsonl").exists()
     assert json.loads((tmp_path / "metrics.json").read_text()) == doc
+    # a metrics.json written before the registry (no schema_version, each aggregate flat, PassRate spelled pass_rate)
+    new = read_eval_summary(tmp_path / "metrics.json")
+    old = json.loads(new.to_json())
+    del old["schema_version"], old["judge"]
+    for agg in (*old["by_tier"].values(), *old["by_scenario"].values()):
+        m = agg.pop("metrics")
+        agg.update({k: m[k] for k in ("U", "A_e", "S_npc", "D", "CR")}, pass_rate=m["pass"], solve_rate=m["solve"])
+    (tmp_path / "metrics.json").write_text(json.dumps(old))
+    assert read_eval_summary(tmp_path / "metrics.json") == new
+
+
+def test_report_of_a_folder_without_a_bench_says_so(tmp_path):
+    r = runner.invoke(app, ["report", str(tmp_path)])
+    assert r.exit_code == 2 and "no finished bench or suite here" in r.output
 
 
 def test_play_prints_five_dimensions():

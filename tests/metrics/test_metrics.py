@@ -3,8 +3,10 @@ import json
 import pytest
 
 from socialworld.core import MentalState
+from socialworld.metric_registry import KEYS
 from socialworld.metrics.core import (
     METRICS_CONTRACT,
+    Aggregate,
     ContractMismatch,
     aggregate,
     align,
@@ -132,10 +134,21 @@ def test_aggregate_pass_rate():
     half = episode([step(0, 1.0, 0.0), step(1, 1.0, 0.0)], {"slot:film": True, "slot:venue": True, "within_budget": False},
                    {"ann": 1.0}, t_ref=2)
     a = aggregate([good, bad, good, half])
-    assert a.pass_rate == 0.5 and a.solve_rate == 0.5 and a.n == 4
-    assert a.steps_per_episode == 5 / 4 and a.as_dict()["metrics_contract"] == METRICS_CONTRACT
+    assert a["pass"] == 0.5 and a["solve"] == 0.5 and a.n == 4
+    assert a.steps_per_episode == 5 / 4 and a.metrics_contract == METRICS_CONTRACT
     with pytest.raises(ValueError):
         aggregate([])
+
+
+def test_an_aggregate_reads_back_and_one_written_before_the_registry_migrates():
+    a = aggregate([episode([step(0, 1.0, 0.0)], {"slot:film": True}, {"ann": 1.0}, t_ref=1)])
+    assert Aggregate.model_validate_json(a.to_json()) == a and list(a.metrics) == list(KEYS)
+    flat = {**{k: a[k] for k in ("U", "A_e", "S_npc", "D", "CR")}, "pass_rate": a["pass"], "solve_rate": a["solve"],
+            "n": 1, "steps": 1, "steps_per_episode": 1.0, "parse_failure_rate": 0.0, "endpoint_failure_rate": 0.0,
+            "metrics_contract": METRICS_CONTRACT}  # metrics.json and summary.json before the registry
+    assert Aggregate.model_validate(flat) == a
+    with pytest.raises(ValueError, match="exactly the registered metrics"):  # a metric missing is not read as 0
+        Aggregate.model_validate({**json.loads(a.to_json()), "metrics": {"pass": 1.0}})
 
 
 def _scored(ep, contract):

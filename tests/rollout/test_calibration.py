@@ -19,12 +19,12 @@ def test_calibration_bands(specs):
     """Metrics contract v2 (contract §5.2): PassRate bands per tier, the oracle also solving."""
     aggs = {p: _aggregates(specs, p) for p in ("random", "expert", "oracle")}
     for p, by_tier in aggs.items():  # the README's calibration table
-        print(p, " ".join(f"{t}: pass {a.pass_rate:.2f} solve {a.solve_rate:.2f} steps {a.steps_per_episode:.1f}"
+        print(p, " ".join(f"{t}: pass {a['pass']:.2f} solve {a['solve']:.2f} steps {a.steps_per_episode:.1f}"
                           for t, a in sorted(by_tier.items())))
-    rnd, exp, orc = ({t: a.pass_rate for t, a in aggs[p].items()} for p in ("random", "expert", "oracle"))
+    rnd, exp, orc = ({t: a["pass"] for t, a in aggs[p].items()} for p in ("random", "expert", "oracle"))
     for t in ("L0", "L1", "L2"):
         assert rnd[t] < 0.05
-        assert orc[t] >= 0.90 and aggs["oracle"][t].solve_rate >= 0.85
+        assert orc[t] >= 0.90 and aggs["oracle"][t]["solve"] >= 0.85
     assert 0.85 <= exp["L0"] <= 0.95
     assert 0.60 <= exp["L1"] <= 0.80
     assert 0.40 <= exp["L2"] <= 0.60
@@ -35,5 +35,5 @@ def test_calibration_smoke(specs):
     """Quick version for the default suite: the ordering random < expert < oracle holds."""
     eps = {p: run_episodes(make_policy(p, seed=5), [EpisodeJob(s, 70_000 + i) for s in specs.values() for i in range(6)])
            for p in ("random", "expert", "oracle")}
-    pr = {p: aggregate(e).pass_rate for p, e in eps.items()}
+    pr = {p: aggregate(e)["pass"] for p, e in eps.items()}
     assert pr["random"] < pr["expert"] < pr["oracle"]

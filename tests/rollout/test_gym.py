@@ -47,7 +47,7 @@ def test_the_env_is_the_world_the_runner_drives(specs):
         rewards.append(r)
     assert rewards == [s.signals.reward.value for s in ep.steps]
     assert info["subgoals"] == ep.final.subgoals
-    assert info["outcome"]["CR"] == ep.metrics.CR.value and info["outcome"]["solved"] == ep.metrics.solved
+    assert info["outcome"]["CR"] == ep.metrics.CR.value and info["outcome"]["solve"] == float(ep.metrics.solved)
     assert [s.signals.reward.value for s in env.unwrapped.record().steps] == rewards  # the runner's five-dimensional record
     with pytest.raises(RuntimeError, match="episode is over"):
         env.step("ACTION: wait()")

@@ -24,7 +24,7 @@ def test_the_experts_reply_text_plays_the_experts_episode(specs, sid, seed):
     assert rewards == [s.signals.reward.value for s in ref.steps]
     assert [s.action.executed for s in ep.record().steps] == [s.action.executed for s in ref.steps]
     got, want = info["outcome"], outcome(ref)
-    assert set(got) == {"pass", "solved", "U", "A_e", "S_npc", "D", "CR", "guards_broken"}
+    assert set(got) == {"pass", "solve", "U", "A_e", "S_npc", "D", "CR", "guards_broken"}
     # the same episode; understanding differs only by what is stated: the reply's BELIEF line names
     # one person (what a policy is taught), the expert's own record states all it infers
     assert {k: v for k, v in got.items() if k not in ("U", "D", "pass")} == {k: v for k, v in want.items() if k not in ("U", "D", "pass")}

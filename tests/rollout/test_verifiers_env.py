@@ -99,5 +99,6 @@ def test_vf_eval_plays_the_episodes_socialworld_eval_plays(tmp_path):
         assert weights == {"PassRate": 1.0, "CR": 0.0, "D": 0.0}
         assert scores["PassRate"] == float(m["passed"])
         assert scores["CR"] == pytest.approx(m["CR"]["value"]) and scores["D"] == pytest.approx(m["D"]["value"])
+        assert metrics["SolveRate"] == float(m["solved"])
         assert metrics["steps"] == len(r["steps"]) and metrics["finished"] == 1.0
         assert metrics["parse_failures"] == sum(s["action"]["parse_status"] != "ok" for s in r["steps"])

@@ -23,11 +23,23 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import fmean
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from socialworld.agents.lm.backends import EndpointFailure
 from socialworld.agents.models import SCRIPTED
 from socialworld.bench.config import BENCH_ADDED_FIELDS, PRESETS, BenchConfig
+from socialworld.bench.document import (
+    ArmDiagnostics,
+    BenchDoc,
+    BenchJudge,
+    Coverage,
+    SameRun,
+    SuiteDoc,
+    Thresholds,
+    VariantRow,
+    read_bench,
+    read_suite,
+)
 from socialworld.learn.config import LoopConfig
 from socialworld.learn.loop import (
     EXECUTION_FIELDS,
@@ -40,10 +52,11 @@ from socialworld.learn.loop import (
     run_loop,
 )
 from socialworld.learn.train import read_train_record
+from socialworld.metric_registry import KEYS, PASS
 from socialworld.metrics.core import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate, group_by
 from socialworld.metrics.diagnostics import coverage, failure_counts
-from socialworld.metrics.lifelong import TIERS, forgetting, forward_transfer, r_table, unlock_cycles
-from socialworld.metrics.stats import PASS, SOLVE, metric_interval, paired_difference
+from socialworld.metrics.lifelong import TIERS, RTable, forgetting, forward_transfer, r_table, unlock_cycles
+from socialworld.metrics.stats import Interval, metric_interval, paired_difference
 from socialworld.records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, write_jsonl
 from socialworld.rollout.evaluate import episode_seeds, first_endpoint_error
 from socialworld.rollout.judge import checked_judgement, judge_agreement, judge_episodes, read_judged, summarise, write_judged
@@ -53,7 +66,6 @@ from socialworld.rundir import BENCH_LOOP, RunDir, cycle_files
 from socialworld.world.spec import RunScenarios, capped, run_scenarios
 
 BENCH_VERSION = "ascent-bench-v1"
-MAIN_METRICS = ("U", "A_e", "S_npc", "D", "CR", PASS, SOLVE)
 REFERENCES = ("oracle", "random")
 
 
@@ -89,7 +101,7 @@ class BenchResult:
     per_cycle: dict[str, dict[int, list[EpisodeRecord]]]
     """arm -> cycle -> evaluation episodes"""
     loop_summaries: list[CycleSummary]
-    doc: dict
+    doc: BenchDoc
     """bench.json"""
 
 
@@ -107,7 +119,6 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
     run.write_config(config_doc(recorded(cfg, scenarios), scenarios.user), defaults=BENCH_ADDED_FIELDS)
     summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
     jobs = eval_jobs(cfg, scenarios)
-    static: dict[str, list[EpisodeRecord]] = {"A": read_jsonl(loop_dir / cycle_files(0).eval)}
     for arm, spec in arm_policies(cfg).items():
         rel = f"arms/{arm}/episodes.jsonl"
 
@@ -127,21 +138,16 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
 
         if run.produce(rel, f"eval:{spec}", evaluate_arm):
             log(f"arm {arm} ({spec}): evaluated {len(jobs)} episodes")
-        static[arm] = read_jsonl(run.path(rel))
     tiers_per_cycle = {s.cycle: s.tiers for s in summaries}
-    per_cycle: dict[str, dict[int, list[EpisodeRecord]]] = {arm: {} for arm in ("A", "B", *arm_policies(cfg))}
-    for c, tiers in tiers_per_cycle.items():
-        per_cycle["B"][c] = read_jsonl(loop_dir / cycle_files(c).eval)
-        for arm, eps in static.items():
-            per_cycle[arm][c] = _subset(eps, tiers)
+    per_cycle = arm_episodes(cfg.out, tiers_per_cycle, list(arm_policies(cfg)))
     doc = bench_document(recorded(cfg, scenarios), tiers_per_cycle, per_cycle, summaries)
     judged = _judge_arms(cfg, run, {arm: cyc[max(cyc)] for arm, cyc in per_cycle.items()}, scenarios, log)
     if judged:
         by_id = {r.episode_id: r for arm_recs in judged.values() for r in arm_recs}
         last_eps = [e for cyc in per_cycle.values() for e in cyc[max(cyc)]]
-        doc["judge"] = {"judge": cfg.judge, "arms": {arm: summarise(recs).as_dict() for arm, recs in judged.items()},
-                        "agreement": judge_agreement(last_eps, by_id).as_dict()}
-    run.derive("bench.json", "bench", json.dumps(doc, indent=1, sort_keys=True) + "\n",  # B's episodes are the loop's
+        doc = doc.model_copy(update={"judge": BenchJudge(judge=cfg.judge, arms={arm: summarise(recs).as_dict() for arm, recs in judged.items()},
+                                                         agreement=judge_agreement(last_eps, by_id).as_dict())})
+    run.derive("bench.json", "bench", doc.to_json(),  # B's episodes are the loop's
                inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)] + [f"judge/{a}.jsonl" for a in judged])
     from socialworld.bench.report import write_reports
 
@@ -172,43 +178,92 @@ def _judge_arms(cfg: BenchConfig, run: RunDir, last: dict[str, list[EpisodeRecor
     return out
 
 
+def arm_episodes(out: str | Path, tiers_per_cycle: dict[int, list[str]], proxies: Sequence[str]) -> dict[str, dict[int, list[EpisodeRecord]]]:
+    """arm -> cycle -> evaluation episodes, read from a bench folder: B's are its loop's evaluation
+    of each cycle; A's (the loop's cycle 0) and each of ``proxies``' (``arms/<arm>/episodes.jsonl``)
+    are one evaluation of every tier, cut to the tiers each cycle unlocked."""
+    loop_dir = Path(out) / BENCH_LOOP
+    static = {"A": read_jsonl(loop_dir / cycle_files(0).eval), **{a: read_jsonl(Path(out) / f"arms/{a}/episodes.jsonl") for a in proxies}}
+    per_cycle: dict[str, dict[int, list[EpisodeRecord]]] = {arm: {} for arm in ("A", "B", *proxies)}
+    for c, tiers in tiers_per_cycle.items():
+        per_cycle["B"][c] = read_jsonl(loop_dir / cycle_files(c).eval)
+        for arm, eps in static.items():
+            per_cycle[arm][c] = _subset(eps, tiers)
+    return per_cycle
+
+
+def remake_reports(out: str | Path, log: Callable[[str], None] = print) -> BenchDoc | SuiteDoc:
+    """A finished bench's or suite's reports made again from its stored document (``bench.json``
+    or ``suite.json``, any version: an older one is rewritten in this version's form first, and
+    the reports follow it) and, for a bench, the episodes in its folder. Nothing is run."""
+    from socialworld.bench.report import suite_html, suite_markdown, write_reports
+
+    run = RunDir(out)
+    if run.complete("suite.json"):
+        suite = read_suite(run.path("suite.json"))
+        if run.derive("suite.json", "suite", suite.to_json()):
+            log(f"{run.path('suite.json')}: rewritten as {suite.schema_version}")
+        run.produce("report.md", "report", lambda p: atomic_write_text(p, suite_markdown(suite) + "\n"), inputs=["suite.json"])
+        run.produce("report.html", "report", lambda p: atomic_write_text(p, suite_html(suite)), inputs=["suite.json"])
+        return suite
+    if not run.complete("bench.json"):
+        raise ValueError(f"{out}: no finished bench or suite here (its manifest lists no bench.json or suite.json)")
+    doc = read_bench(run.path("bench.json"))
+    proxies = [a for a in doc.main if a not in ("A", "B")]
+    inputs = [f"arms/{a}/episodes.jsonl" for a in proxies] + [f"judge/{a}.jsonl" for a in (doc.judge.arms if doc.judge else {})]
+    if run.derive("bench.json", "bench", doc.to_json(), inputs=inputs):
+        log(f"{run.path('bench.json')}: rewritten as {doc.schema_version}")
+    write_reports(run, doc, arm_episodes(out, {int(c): t for c, t in doc.tiers_per_cycle.items()}, proxies))
+    return doc
+
+
 def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_cycle: dict[str, dict[int, list[EpisodeRecord]]],
-                   loop_summaries: Sequence[CycleSummary] = ()) -> dict:
+                   loop_summaries: Sequence[CycleSummary] = ()) -> BenchDoc:
     """Every number of the report, computed from records: per-arm metrics with intervals at the
     last cycle (the main table), paired B-A and B-C differences (every metric, and PassRate per
     tier), R tables, forgetting, forward transfer and unlock cycles, and the loop's per-cycle
     training summary."""
     kw = {"seed": cfg.seed, "resamples": cfg.resamples}
     last = max(tiers_per_cycle)
-    main = {arm: {k: metric_interval(cyc[last], k, **kw).as_dict() for k in MAIN_METRICS} for arm, cyc in per_cycle.items()}
-    paired = {f"B-{o}": {k: paired_difference(per_cycle[o][last], per_cycle["B"][last], k, **kw).as_dict() for k in MAIN_METRICS}
+    main = {arm: {k: metric_interval(cyc[last], k, **kw) for k in KEYS} for arm, cyc in per_cycle.items()}
+    paired = {f"B-{o}": {k: paired_difference(per_cycle[o][last], per_cycle["B"][last], k, **kw) for k in KEYS}
               for o in per_cycle if o != "B"}
-    ratios = {f"B/{o}": {k: _ratio(main["B"][k]["mean"], main[o][k]["mean"]) for k in MAIN_METRICS} for o in ("A", "C")}
+    ratios = {f"B/{o}": {k: _ratio(main["B"][k].mean, main[o][k].mean) for k in KEYS} for o in ("A", "C")}
     tiers = {arm: group_by(per_cycle[arm][last], "tier") for arm in ("A", "B", "C")}
-    by_tier = {f"B-{o}": {t: paired_difference(tiers[o][t], eps, PASS, **kw).as_dict() for t, eps in sorted(tiers["B"].items())}
+    by_tier = {f"B-{o}": {t: paired_difference(tiers[o][t], eps, PASS, **kw) for t, eps in sorted(tiers["B"].items())}
                for o in ("A", "C")}
     r = {arm: r_table(cyc, **kw) for arm, cyc in per_cycle.items()}
-    return {
-        "version": BENCH_VERSION,
-        "metrics_contract": METRICS_CONTRACT,
-        "config": {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k not in EXECUTION_FIELDS},
-        "preset": asdict(PRESETS[cfg.preset]),
-        "thresholds": {"CR": CR_THRESHOLD, "D": D_THRESHOLD, "guards": "any broken guard fails"},
-        "steps_per_episode": {arm: fmean(len(e.steps) for e in cyc[last]) for arm, cyc in per_cycle.items()},
-        "tiers_per_cycle": {str(c): t for c, t in tiers_per_cycle.items()},
-        "episodes_per_arm": {arm: sum(len(v) for v in cyc.values()) for arm, cyc in per_cycle.items()},
-        "main": main,
-        "paired": paired,
-        "paired_by_tier": by_tier,
-        "ratios": ratios,
-        "R": {arm: {str(c): {t: iv.as_dict() for t, iv in row.items()} for c, row in tab.items()} for arm, tab in r.items()},
-        "forgetting": {arm: forgetting(tab) for arm, tab in r.items()},
-        "forward_transfer": {arm: forward_transfer(tab, r["A"]) for arm, tab in r.items() if arm != "A"},
-        "unlock_cycles": unlock_cycles(r["B"]),
-        "diagnostics": {arm: {"coverage": coverage(cyc[last]), "primary_failures": failure_counts(cyc[last])}
-                        for arm, cyc in per_cycle.items()},
-        "loop": [s.model_dump(mode="json") for s in loop_summaries],
-    }
+    return BenchDoc(
+        version=BENCH_VERSION,
+        metrics_contract=METRICS_CONTRACT,
+        config={k: v for k, v in _plain(asdict(cfg)).items() if k not in EXECUTION_FIELDS},
+        preset=_plain(asdict(PRESETS[cfg.preset])),
+        thresholds=Thresholds(CR=CR_THRESHOLD, D=D_THRESHOLD, guards="any broken guard fails"),
+        steps_per_episode={arm: fmean(len(e.steps) for e in cyc[last]) for arm, cyc in per_cycle.items()},
+        tiers_per_cycle={str(c): t for c, t in tiers_per_cycle.items()},
+        episodes_per_arm={arm: sum(len(v) for v in cyc.values()) for arm, cyc in per_cycle.items()},
+        main=main,
+        paired=paired,
+        paired_by_tier=by_tier,
+        ratios=ratios,
+        R={arm: _r_doc(tab) for arm, tab in r.items()},
+        forgetting={arm: forgetting(tab) for arm, tab in r.items()},
+        forward_transfer={arm: forward_transfer(tab, r["A"]) for arm, tab in r.items() if arm != "A"},
+        unlock_cycles=unlock_cycles(r["B"]),
+        diagnostics={arm: ArmDiagnostics(coverage=Coverage.model_validate(coverage(cyc[last])), primary_failures=failure_counts(cyc[last]))
+                     for arm, cyc in per_cycle.items()},
+        loop=list(loop_summaries),
+    )
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` as its JSON reads back (tuples as lists), so a document equals its file."""
+    return json.loads(json.dumps(d))
+
+
+def _r_doc(tab: RTable) -> dict[str, dict[str, Interval]]:
+    """An R table as documents key it (cycles as text)."""
+    return {str(c): dict(row) for c, row in tab.items()}
 
 
 def phase_seconds(out: str | Path) -> list[tuple[str, float]]:
@@ -331,7 +386,7 @@ def full_variant(suite: str) -> str:
     return next(name for name, over in SUITES[suite].items() if not over)
 
 
-def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, progress: Progress | None = None) -> dict:
+def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, progress: Progress | None = None) -> SuiteDoc:
     """Every variant of ``suite`` under the same protocol and budget; returns (and writes to
     ``<out>/<suite>/suite.json``, ``report.md`` and ``report.html``) per-variant last-cycle metrics with intervals,
     paired differences against the untrained model (M0, the loops' shared cycle 0) and against the
@@ -372,35 +427,33 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
     untrained = read_jsonl(Path(first.out) / cycle_files(0).eval)
     per_variant = {name: {c: read_jsonl(Path(configs[name].out) / cycle_files(c).eval) for c in tiers} for name in runs}
     base_last = _same_tasks(untrained, per_variant[full][last])
-    rows: dict[str, dict] = {"M0-untrained" if suite == "methods" else "untrained": {
-        "metrics": {k: metric_interval(base_last, k, **kw).as_dict() for k in MAIN_METRICS},
-        "R": {str(c): {t: iv.as_dict() for t, iv in row.items()}
-              for c, row in r_table({c: _subset(untrained, t) for c, t in tiers.items()}, **kw).items()}}}
+    rows: dict[str, VariantRow | SameRun] = {"M0-untrained" if suite == "methods" else "untrained": VariantRow(
+        metrics={k: metric_interval(base_last, k, **kw) for k in KEYS},
+        R=_r_doc(r_table({c: _subset(untrained, t) for c, t in tiers.items()}, **kw)))}
     for name in SUITES[suite]:
         if name in same:
-            rows[name] = {"same_as": full, "why": same[name]}
+            rows[name] = SameRun(same_as=full, why=same[name])
             continue
         per_cycle, summaries = per_variant[name], runs[name]
         r = r_table(per_cycle, **kw)
         # on the episodes both evaluated (E6 evaluates every tier from cycle 1; with one cycle, the others one tier)
         full_last = _same_tasks(per_variant[full][last], per_cycle[last])
-        rows[name] = {
-            "metrics": {k: metric_interval(per_cycle[last], k, **kw).as_dict() for k in MAIN_METRICS},
-            "vs_untrained": {k: paired_difference(_same_tasks(untrained, per_cycle[last]), per_cycle[last], k, **kw).as_dict()
-                             for k in MAIN_METRICS},
-            **({"vs_full": {k: paired_difference(full_last, _same_tasks(per_cycle[last], full_last), k, **kw).as_dict()
-                            for k in MAIN_METRICS}} if name != full else {}),
-            "R": {str(c): {t: iv.as_dict() for t, iv in row.items()} for c, row in r.items()},
-            "forgetting": forgetting(r),
-            "pairs": [s.pairs for s in summaries], "excluded": [s.excluded for s in summaries],
-            "groups_with_reward_variance": _reward_variance(configs[name], list(tiers)),
-        }
-    doc = {"version": BENCH_VERSION, "metrics_contract": METRICS_CONTRACT, "suite": suite, "config": cfg_doc,
-           "preset": asdict(PRESETS[cfg.preset]), "full": full, "variants": rows}
+        rows[name] = VariantRow(
+            metrics={k: metric_interval(per_cycle[last], k, **kw) for k in KEYS},
+            vs_untrained={k: paired_difference(_same_tasks(untrained, per_cycle[last]), per_cycle[last], k, **kw) for k in KEYS},
+            vs_full=({k: paired_difference(full_last, _same_tasks(per_cycle[last], full_last), k, **kw) for k in KEYS}
+                     if name != full else None),
+            R=_r_doc(r),
+            forgetting=forgetting(r),
+            pairs=[s.pairs for s in summaries], excluded=[s.excluded for s in summaries],
+            groups_with_reward_variance=_reward_variance(configs[name], list(tiers)),
+        )
+    doc = SuiteDoc(version=BENCH_VERSION, metrics_contract=METRICS_CONTRACT, suite=suite, config=cfg_doc,
+                   preset=_plain(asdict(PRESETS[cfg.preset])), full=full, variants=rows)
     from socialworld.bench.report import suite_html, suite_markdown
 
     # a variant run again since (its folder removed) changes the table, and the reports (its inputs) follow it
-    run.derive("suite.json", "suite", json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    run.derive("suite.json", "suite", doc.to_json())
     run.produce("report.md", "report", lambda p: atomic_write_text(p, suite_markdown(doc) + "\n"), inputs=["suite.json"])
     run.produce("report.html", "report", lambda p: atomic_write_text(p, suite_html(doc)), inputs=["suite.json"])
     return doc

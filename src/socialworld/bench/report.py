@@ -14,20 +14,22 @@ import io
 import json
 from typing import Any, Callable, Sequence
 
+from socialworld.bench.document import BenchDoc, SameRun, SuiteDoc, VariantRow
+from socialworld.metric_registry import KEYS, METRICS, PASS, SOLVE, metric
+from socialworld.metrics.stats import Interval
 from socialworld.records import EpisodeRecord
 from socialworld.rundir import RunDir
 
-METRIC_LABELS = {"U": "U", "A_e": "A_e", "S_npc": "S_npc", "D": "D", "CR": "CR", "pass": "PassRate", "solve": "SolveRate"}
 VIEWER_VERSION = "viewer-v2"
 
 
-def _iv(d: dict | None, digits: int = 2, n: bool = False) -> str:
+def _iv(d: Interval | None, digits: int = 2, n: bool = False) -> str:
     """``mean [lo, hi]``, with ``n=…`` when ``n``; one value has no interval: ``mean (n=1)``."""
     if d is None:
         return "–"
-    if d["n"] < 2:
-        return f"{d['mean']:.{digits}f} (n={d['n']})"
-    return f"{d['mean']:.{digits}f} [{d['lo']:.{digits}f}, {d['hi']:.{digits}f}]" + (f" n={d['n']}" if n else "")
+    if d.n < 2:
+        return f"{d.mean:.{digits}f} (n={d.n})"
+    return f"{d.mean:.{digits}f} [{d.lo:.{digits}f}, {d.hi:.{digits}f}]" + (f" n={d.n}" if n else "")
 
 
 def _num(x: float | None, digits: int = 2) -> str:
@@ -37,67 +39,69 @@ def _num(x: float | None, digits: int = 2) -> str:
 # ------------------------------------------------------------------ tables (rows of strings)
 
 
-def main_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
-    keys = list(METRIC_LABELS)
-    head = ["arm", "n"] + [METRIC_LABELS[k] for k in keys]
-    rows = [[arm, str(doc["main"][arm]["pass"]["n"])] + [_iv(doc["main"][arm][k]) for k in keys] for arm in doc["main"]]
-    rows += [[f"{name} (paired)", str(d["pass"]["n"])] + [_iv(d[k]) for k in keys]
-             for name, d in doc["paired"].items() if name in ("B-A", "B-C")]
-    rows += [[name, "–"] + [("–" if d[k] is None else f"{d[k]:.2f}") for k in keys] for name, d in doc["ratios"].items()]
+def main_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
+    head = ["arm", "n"] + [m.label for m in METRICS]
+    rows = [[arm, str(ivs[PASS].n)] + [_iv(ivs[k]) for k in KEYS] for arm, ivs in doc.main.items()]
+    rows += [[f"{name} (paired)", str(d[PASS].n)] + [_iv(d[k]) for k in KEYS]
+             for name, d in doc.paired.items() if name in ("B-A", "B-C")]
+    rows += [[name, "–"] + [("–" if (r := d.get(k)) is None else f"{r:.2f}") for k in KEYS] for name, d in doc.ratios.items()]
     return head, rows
 
 
-def tier_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+def tier_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
     """B's paired PassRate difference against A and against C on each tier's last-cycle episodes
     (none for a document written before ``paired_by_tier``)."""
-    by_tier = doc.get("paired_by_tier", {})
-    tiers = sorted({t for d in by_tier.values() for t in d})
-    return ["paired", *tiers], [[name, *(_iv(d.get(t), n=True) for t in tiers)] for name, d in by_tier.items()]
+    tiers = sorted({t for d in doc.paired_by_tier.values() for t in d})
+    return ["paired", *tiers], [[name, *(_iv(d.get(t), n=True) for t in tiers)] for name, d in doc.paired_by_tier.items()]
 
 
-def r_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
-    tiers = sorted({t for tab in doc["R"].values() for row in tab.values() for t in row})
+def r_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
+    tiers = sorted({t for tab in doc.R.values() for row in tab.values() for t in row})
     head = ["arm", "cycle", "unlocked"] + tiers
     rows = []
-    for arm, tab in doc["R"].items():
+    for arm, tab in doc.R.items():
         for c, row in tab.items():
-            rows.append([arm, c, "+".join(doc["tiers_per_cycle"][c])] + [_iv(row.get(t), n=True) for t in tiers])
+            rows.append([arm, c, "+".join(doc.tiers_per_cycle[c])] + [_iv(row.get(t), n=True) for t in tiers])
     return head, rows
 
 
-def lifelong_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
-    tiers = sorted({t for f in doc["forgetting"].values() for t in f} | {t for f in doc["forward_transfer"].values() for t in f})
+def lifelong_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
+    tiers = sorted({t for f in doc.forgetting.values() for t in f} | {t for f in doc.forward_transfer.values() for t in f})
     head = ["arm"] + [f"F {t}" for t in tiers] + [f"FWT {t}" for t in tiers]
-    rows = [[arm] + [_num(doc["forgetting"][arm].get(t)) for t in tiers] + [_num(doc["forward_transfer"].get(arm, {}).get(t)) for t in tiers]
-            for arm in doc["forgetting"]]
+    rows = [[arm] + [_num(doc.forgetting[arm].get(t)) for t in tiers] + [_num(doc.forward_transfer.get(arm, {}).get(t)) for t in tiers]
+            for arm in doc.forgetting]
     return head, rows
 
 
-def loop_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["cycle", "unlocked", "action pairs", "dialogue pairs", "excluded (by reason)", "final loss", "pass", "solve", "D"]
+LOOP_SHOWN = (PASS, SOLVE, "D")
+"""the metrics the loop table shows per cycle"""
+
+
+def loop_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
+    head = ["cycle", "unlocked", "action pairs", "dialogue pairs", "excluded (by reason)", "final loss", *LOOP_SHOWN]
     rows = []
-    for s in doc["loop"]:
-        excl = ", ".join(f"{k} {v}" for k, v in sorted(s["excluded"].items())) or "–"
-        loss = ", ".join(f"{k} {v:.3f}" for k, v in s["final_loss"].items() if v is not None) or "–"
-        rows.append([str(s["cycle"]), "+".join(s["tiers"]), str(s["pairs"].get("action", 0)), str(s["pairs"].get("dialogue", 0)),
-                     excl, loss, f"{s['eval']['pass_rate']:.2f}", f"{s['eval']['solve_rate']:.2f}", f"{s['eval']['D']:.2f}"])
+    for s in doc.loop:
+        excl = ", ".join(f"{k} {v}" for k, v in sorted(s.excluded.items())) or "–"
+        loss = ", ".join(f"{k} {v:.3f}" for k, v in s.final_loss.items() if v is not None) or "–"
+        rows.append([str(s.cycle), "+".join(s.tiers), str(s.pairs.get("action", 0)), str(s.pairs.get("dialogue", 0)),
+                     excl, loss, *(f"{s.eval[k]:.2f}" for k in LOOP_SHOWN)])
     return head, rows
 
 
-def diagnostics_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+def diagnostics_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
     """One row per arm; the primary failures in one column (most frequent first), so the table
     keeps its width however many failure categories occur."""
     head = ["arm", "failed", "coverage", "mean confidence", "primary failures (episodes)"]
-    rows = [[arm, str(d["coverage"]["failed"]), f"{d['coverage']['coverage']:.2f}", f"{d['coverage']['mean_confidence']:.2f}",
-             ", ".join(f"{k} {v}" for k, v in sorted(d["primary_failures"].items(), key=lambda kv: (-kv[1], kv[0])) if v) or "–"]
-            for arm, d in doc["diagnostics"].items()]
+    rows = [[arm, str(d.coverage.failed), f"{d.coverage.coverage:.2f}", f"{d.coverage.mean_confidence:.2f}",
+             ", ".join(f"{k} {v}" for k, v in sorted(d.primary_failures.items(), key=lambda kv: (-kv[1], kv[0])) if v) or "–"]
+            for arm, d in doc.diagnostics.items()]
     return head, rows
 
 
-def judge_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+def judge_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
     """The LM judge's means per arm (last cycle), with its failures counted; no rows without a judge."""
     head = ["arm", "judged", "endpoint failures", "unparseable", "goal (0-10)", "believability (0-10)"]
-    arms = doc.get("judge", {}).get("arms", {})
+    arms = doc.judge.arms if doc.judge else {}
     rows = [[arm, f"{j['judged']}/{j['episodes']}", str(j["endpoint_failures"]), str(j["unparseable"]),
              _num(j["means"]["goal"]), _num(j["means"]["believability"])] for arm, j in arms.items()]
     return head, rows
@@ -117,10 +121,10 @@ def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def judge_note(doc: dict) -> str | None:
+def judge_note(doc: BenchDoc) -> str | None:
     """How often the judge ordered two episodes of one task (scenario and seed) as the world's returns
     do, over every two arms' last-cycle episodes (None without a judge)."""
-    a = doc.get("judge", {}).get("agreement")
+    a = doc.judge.agreement if doc.judge else None
     if not a:
         return None
     rate = "no pair to compare" if a["agreement"] is None else f"agreement {a['agreement']:.2f}"
@@ -129,92 +133,92 @@ def judge_note(doc: dict) -> str | None:
             f"a coin's is 0.5); {a['world_ties']} pairs with equal returns were not compared.")
 
 
-def cut_note(doc: dict) -> str | None:
+def cut_note(doc: BenchDoc) -> str | None:
     """What a budget that cuts episodes short means for the numbers (the smoke preset), or None."""
-    cap = (doc.get("preset") or {}).get("max_turns", 0)
+    cap = doc.preset.get("max_turns", 0)
     if not cap:
         return None
-    return (f"A smoke-sized run: every episode stops after {cap} turns (preset `{doc['config']['preset']}`), before most "
+    return (f"A smoke-sized run: every episode stops after {cap} turns (preset `{doc.config['preset']}`), before most "
             "scenarios can be settled, so few or no episodes pass in any arm, the oracle's too, and the plots have little "
             "to draw. It shows that the protocol runs end to end, not what the policy learns: the `default` preset does.")
 
 
-def markdown(doc: dict) -> str:
-    cfg = doc["config"]
+def markdown(doc: BenchDoc) -> str:
+    cfg = doc.config
     note = cut_note(doc)
-    out = [f"# ASCENT-Bench report ({doc['version']}, {doc['metrics_contract']})", "", *([f"**{note}**", ""] if note else []),
+    out = [f"# ASCENT-Bench report ({doc.version}, {doc.metrics_contract})", "", *([f"**{note}**", ""] if note else []),
            f"Model `{cfg['model']}`, preset `{cfg['preset']}`, seed {cfg['seed']}, unlocking `{cfg['unlock']}`; "
-           f"Pass iff CR >= {doc['thresholds']['CR']} and D >= {doc['thresholds']['D']} and no guard is broken; "
+           f"Pass iff CR >= {doc.thresholds.CR} and D >= {doc.thresholds.D} and no guard is broken; "
            "Solved iff every decision is finalized and no guard is broken (CR counts decisions and conflicts only). "
-           f"Mean steps per episode: {', '.join(f'{a} {v:.1f}' for a, v in doc['steps_per_episode'].items())}. "
+           f"Mean steps per episode: {', '.join(f'{a} {v:.1f}' for a, v in doc.steps_per_episode.items())}. "
            f"Arms: A untrained, B closed loop, C {cfg['proxy'] or 'expert'}; oracle and random as references. "
-           f"Episodes per arm: {doc['episodes_per_arm']}.", ""]
+           f"Episodes per arm: {doc.episodes_per_arm}.", ""]
     for title, fn in TABLES:
         head, rows = fn(doc)
         if not rows:
             continue
-        if fn is judge_rows:
-            title = f"{title}: {doc['judge']['judge']}"
+        if fn is judge_rows and doc.judge:
+            title = f"{title}: {doc.judge.judge}"
         out += [f"## {title}", "", *_md_table(head, rows), ""]
         if fn is judge_rows and (jn := judge_note(doc)):
             out += [jn, ""]
     return "\n".join(out)
 
 
-def suite_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+def suite_rows(doc: SuiteDoc) -> tuple[list[str], list[list[str]]]:
     """A suite's table: last-cycle metrics per variant, the paired differences of PassRate,
     SolveRate and D against the untrained model and against the full recipe on the same episodes,
     forgetting, the pairs kept, and for GRPO the share of groups whose rewards varied. A variant
     that is another by construction says so in every cell instead of repeating its numbers."""
-    keys = list(METRIC_LABELS)
-    full = doc.get("full", "")
-    head = (["variant"] + [METRIC_LABELS[k] for k in keys]
-            + [f"{m} - untrained" for m in ("PassRate", "SolveRate", "D")] + [f"PassRate - {full or 'full'}", "forgetting (max F)",
-                                                                             "pairs kept (per cycle)", "GRPO groups with reward variance"])
+    full = doc.full
+    vs = (PASS, SOLVE, "D")
+    head = (["variant"] + [m.label for m in METRICS]
+            + [f"{metric(k).label} - untrained" for k in vs] + [f"{metric(PASS).label} - {full or 'full'}", "forgetting (max F)",
+                                                                "pairs kept (per cycle)", "GRPO groups with reward variance"])
     rows = []
-    for name, v in doc["variants"].items():
-        if "same_as" in v:
-            rows.append([name] + [f"= {v['same_as']}"] * (len(head) - 1))
+    for name, v in doc.variants.items():
+        if isinstance(v, SameRun):
+            rows.append([name] + [f"= {v.same_as}"] * (len(head) - 1))
             continue
-        vs, vf = v.get("vs_untrained", {}), v.get("vs_full", {})
-        pairs = "; ".join(", ".join(f"{k} {n}" for k, n in p.items()) for p in v.get("pairs", [])) or "–"
-        forgot = max(v["forgetting"].values(), default=None) if "forgetting" in v else None
-        var = v.get("groups_with_reward_variance")
-        rows.append([name] + [_iv(v["metrics"][k]) for k in keys]
-                    + [_iv(vs.get("pass")), _iv(vs.get("solve")), _iv(vs.get("D")), _iv(vf.get("pass")), _num(forgot), pairs,
-                       "–" if var is None else f"{var:.2f}"])
+        vu, vf = v.vs_untrained or {}, v.vs_full or {}
+        pairs = "; ".join(", ".join(f"{k} {n}" for k, n in p.items()) for p in v.pairs) or "–"
+        forgot = max(v.forgetting.values(), default=None) if v.forgetting is not None else None
+        var = v.groups_with_reward_variance
+        rows.append([name] + [_iv(v.metrics[k]) for k in KEYS]
+                    + [_iv(vu.get(k)) for k in vs] + [_iv(vf.get(PASS)), _num(forgot), pairs, "–" if var is None else f"{var:.2f}"])
     return head, rows
 
 
-def suite_r_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+def suite_r_rows(doc: SuiteDoc) -> tuple[list[str], list[list[str]]]:
     """Each run variant's R table, one row per cycle: PassRate per unlocked tier with its interval."""
-    tiers = sorted({t for v in doc["variants"].values() for row in v.get("R", {}).values() for t in row})
+    ran = {name: v for name, v in doc.variants.items() if isinstance(v, VariantRow)}
+    tiers = sorted({t for v in ran.values() for row in v.R.values() for t in row})
     head = ["variant", "cycle"] + tiers
-    rows = [[name, c] + [_iv(row.get(t)) for t in tiers] for name, v in doc["variants"].items() for c, row in sorted(v.get("R", {}).items())]
+    rows = [[name, c] + [_iv(row.get(t)) for t in tiers] for name, v in ran.items() for c, row in sorted(v.R.items())]
     return head, rows
 
 
-def suite_notes(doc: dict) -> list[str]:
+def suite_notes(doc: SuiteDoc) -> list[str]:
     """What the table cannot say in a cell: which variants are another by construction, and why."""
-    return [f"{name} is {v['same_as']} by construction, so it was not run: {v['why']}." for name, v in doc["variants"].items()
-            if "same_as" in v]
+    return [f"{name} is {v.same_as} by construction, so it was not run: {v.why}." for name, v in doc.variants.items()
+            if isinstance(v, SameRun)]
 
 
-def suite_intro(doc: dict) -> str:
-    return (f"Preset `{doc['config']['preset']}` ({doc['preset']}), seed {doc['config']['seed']}; every variant under the same "
+def suite_intro(doc: SuiteDoc) -> str:
+    return (f"Preset `{doc.config['preset']}` ({doc.preset}), seed {doc.config['seed']}; every variant under the same "
             "protocol, budget and evaluation seeds, reusing the same untrained wake data. Intervals: 95% bootstrap; "
             "differences paired on the same episodes.")
 
 
-def suite_markdown(doc: dict) -> str:
+def suite_markdown(doc: SuiteDoc) -> str:
     """The methods or ablations report: :func:`suite_rows` and :func:`suite_notes`."""
     notes = suite_notes(doc)
-    return "\n".join([f"# ASCENT-Bench {doc['suite']} suite ({doc['version']}, {doc['metrics_contract']})", "", suite_intro(doc), "",
+    return "\n".join([f"# ASCENT-Bench {doc.suite} suite ({doc.version}, {doc.metrics_contract})", "", suite_intro(doc), "",
                       *_md_table(*suite_rows(doc)), *(["", *notes] if notes else []), "",
                       "## Hierarchical pass rates R[cycle][tier]", "", *_md_table(*suite_r_rows(doc))])
 
 
-def suite_plot(doc: dict) -> str:
+def suite_plot(doc: SuiteDoc) -> str:
     """PassRate and D of every run variant at the last cycle (mean, 95% interval), the untrained
     model first; a variant that is another by construction is drawn at that one's values, hollow."""
     import matplotlib
@@ -222,29 +226,31 @@ def suite_plot(doc: dict) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(doc["variants"])
-    own = {n: doc["variants"][doc["variants"][n].get("same_as", n)] for n in names}
+    names = list(doc.variants)
+    own = {n: doc.variants[v.same_as] if isinstance(v := doc.variants[n], SameRun) else v for n in names}
     with plt.rc_context({"font.size": 9, "axes.titlesize": 10}):
         fig, axes = plt.subplots(1, 2, figsize=(10.2, 0.35 * len(names) + 1.4), squeeze=False, sharey=True)
-        for ax, (m, label) in zip(axes[0], (("pass", "PassRate"), ("D", "D (diagnostic)"))):
+        for ax, m in zip(axes[0], (metric(PASS), metric("D"))):
             for i, n in enumerate(names):
-                iv = own[n]["metrics"][m]
-                hollow = "same_as" in doc["variants"][n]
-                ax.errorbar([iv["mean"]], [i], xerr=[[iv["mean"] - iv["lo"]], [iv["hi"] - iv["mean"]]], fmt="o", capsize=3,
+                row = own[n]
+                assert isinstance(row, VariantRow), f"{n} names {doc.variants[n]}, which was not run"
+                iv = row.metrics[m.key]
+                hollow = isinstance(doc.variants[n], SameRun)
+                ax.errorbar([iv.mean], [i], xerr=[[iv.mean - iv.lo], [iv.hi - iv.mean]], fmt="o", capsize=3,
                             color="C0" if i else "C7", markerfacecolor="white" if hollow else None)
             ax.set_xlim(-0.05, 1.05)
-            ax.set_title(f"{label}, last cycle")
+            ax.set_title(f"{m.axis}, last cycle")
             ax.grid(axis="x", lw=0.3)
         axes[0][0].set_yticks(range(len(names)), names)
         axes[0][0].invert_yaxis()
-        fig.suptitle(f"{doc['suite']} suite: mean and 95% bootstrap interval (hollow: the same run as the variant it names)")
+        fig.suptitle(f"{doc.suite} suite: mean and 95% bootstrap interval (hollow: the same run as the variant it names)")
         fig.tight_layout()
         return _png(fig)
 
 
-def suite_html(doc: dict) -> str:
+def suite_html(doc: SuiteDoc) -> str:
     """A suite's page: the table, the notes and :func:`suite_plot`."""
-    title = f"ASCENT-Bench {doc['suite']} suite ({doc['version']}, {doc['metrics_contract']})"
+    title = f"ASCENT-Bench {doc.suite} suite ({doc.version}, {doc.metrics_contract})"
     notes = "".join(f"<p>{html.escape(n)}</p>" for n in suite_notes(doc))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head>"
             f"<body><h1>{html.escape(title)}</h1><p>{html.escape(suite_intro(doc)).replace('`', '')}</p>"
@@ -260,12 +266,6 @@ PLOT_DPI = 110
 """figures are drawn at most ~10.4 inches wide: at this dpi they fit the 1200 px page unscaled"""
 ARM_STYLE = {"A": ("o", "-"), "B": ("s", "-"), "C": ("^", "--"), "oracle": ("D", ":"), "random": ("v", ":")}
 """marker and line style per arm, so curves that coincide stay distinguishable"""
-METRIC_AXES = {"U": ("U (understanding)", (0, 1)), "A_e": ("A_e (efficiency)", (-1, 1)), "S_npc": ("S_npc (Likert 1–5)", (1, 5)),
-               "D": ("D (diagnostic)", (0, 1)), "CR": ("CR (completion)", (0, 1)), "pass": ("PassRate", (0, 1)),
-               "solve": ("SolveRate", (0, 1))}
-"""each metric's panel: label and its scale (contract §5.1)"""
-
-
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=PLOT_DPI, bbox_inches="tight")
@@ -275,7 +275,7 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def plots(doc: dict) -> dict[str, str]:
+def plots(doc: BenchDoc) -> dict[str, str]:
     """name -> base64 PNG: the last cycle's metrics (one panel per metric, on its own scale, n
     under each arm), learning curves per tier (a marker and an offset per arm), and the pass-rate
     heatmap per arm with its colour bar."""
@@ -285,24 +285,23 @@ def plots(doc: dict) -> dict[str, str]:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    arms = list(doc["R"])
-    cycles = sorted({int(c) for tab in doc["R"].values() for c in tab})
-    tiers = sorted({t for tab in doc["R"].values() for row in tab.values() for t in row})
+    arms = list(doc.R)
+    cycles = sorted({int(c) for tab in doc.R.values() for c in tab})
+    tiers = sorted({t for tab in doc.R.values() for row in tab.values() for t in row})
     colours = {arm: f"C{i}" for i, arm in enumerate(arms)}
     out = {}
     with plt.rc_context({"font.size": 9, "axes.titlesize": 10, "legend.fontsize": 9}):
-        keys = list(METRIC_AXES)
         fig, axes = plt.subplots(2, 4, figsize=(10.2, 4.8), squeeze=False)
-        for ax, m in zip(axes.flat, keys):
-            label, (lo, hi) = METRIC_AXES[m]
-            ivs = [doc["main"][arm][m] for arm in arms]
+        for ax, m in zip(axes.flat, METRICS):
+            lo, hi = m.range
+            ivs = [doc.main[arm][m.key] for arm in arms]
             x = np.arange(len(arms))
             base = max(lo, 0)  # bars start at 0, or at the scale's floor (S_npc: 1)
-            ax.bar(x, [iv["mean"] - base for iv in ivs], 0.7, bottom=base, color=[colours[a] for a in arms],
-                   yerr=[[iv["mean"] - iv["lo"] for iv in ivs], [iv["hi"] - iv["mean"] for iv in ivs]], capsize=3)
-            ax.set_xticks(x, [f"{arm}\nn={iv['n']}" for arm, iv in zip(arms, ivs)], fontsize=7)
+            ax.bar(x, [iv.mean - base for iv in ivs], 0.7, bottom=base, color=[colours[a] for a in arms],
+                   yerr=[[iv.mean - iv.lo for iv in ivs], [iv.hi - iv.mean for iv in ivs]], capsize=3)
+            ax.set_xticks(x, [f"{arm}\nn={iv.n}" for arm, iv in zip(arms, ivs)], fontsize=7)
             ax.set_ylim(lo, hi)
-            ax.set_title(label)
+            ax.set_title(m.axis)
             ax.axhline(base, color="k", lw=0.6)
         axes.flat[-1].axis("off")
         fig.suptitle("Last cycle per arm, mean and 95% bootstrap interval (n = episodes)")
@@ -312,15 +311,15 @@ def plots(doc: dict) -> dict[str, str]:
         fig, axes = plt.subplots(1, len(tiers), figsize=(min(10.2, 3.2 * len(tiers)), 2.9), squeeze=False)
         for ax, t in zip(axes[0], tiers):
             for k, arm in enumerate(arms):
-                pts = [(c, doc["R"][arm][str(c)][t]) for c in cycles if t in doc["R"][arm].get(str(c), {})]
+                pts = [(c, doc.R[arm][str(c)][t]) for c in cycles if t in doc.R[arm].get(str(c), {})]
                 if not pts:
                     continue
                 marker, line = ARM_STYLE.get(arm, ("o", "-"))
                 dx = (k - (len(arms) - 1) / 2) * 0.06  # side by side when they coincide
-                ax.errorbar([c + dx for c, _ in pts], [iv["mean"] for _, iv in pts],
-                            yerr=[[iv["mean"] - iv["lo"] for _, iv in pts], [iv["hi"] - iv["mean"] for _, iv in pts]],
+                ax.errorbar([c + dx for c, _ in pts], [iv.mean for _, iv in pts],
+                            yerr=[[iv.mean - iv.lo for _, iv in pts], [iv.hi - iv.mean for _, iv in pts]],
                             marker=marker, linestyle=line, color=colours[arm], capsize=2, markersize=5, label=arm)
-            ns = sorted({iv["n"] for arm in arms for c in cycles for iv in [doc["R"][arm].get(str(c), {}).get(t)] if iv})
+            ns = sorted({iv.n for arm in arms for c in cycles for iv in [doc.R[arm].get(str(c), {}).get(t)] if iv})
             ax.set_title(f"{t} PassRate (n={'/'.join(map(str, ns))})")
             ax.set_ylim(-0.05, 1.05)
             ax.set_xticks(cycles)
@@ -338,9 +337,9 @@ def plots(doc: dict) -> dict[str, str]:
             grid = np.full((len(cycles), len(tiers)), np.nan)
             for i, c in enumerate(cycles):
                 for j, t in enumerate(tiers):
-                    iv = doc["R"][arm].get(str(c), {}).get(t)
+                    iv = doc.R[arm].get(str(c), {}).get(t)
                     if iv is not None:
-                        grid[i, j] = iv["mean"]
+                        grid[i, j] = iv.mean
             image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
             ax.set_title(arm)
             ax.set_xticks(range(len(tiers)), tiers)
@@ -401,24 +400,24 @@ def viewer_episode(arm: str, cycle: int, ep: EpisodeRecord, intern: Callable[[st
     }
 
 
-def row_links(name: str, doc: dict) -> list[str | None]:
+def row_links(name: str, doc: BenchDoc) -> list[str | None]:
     """The viewer filter each row of table ``name`` links to (``arm=B&cycle=3``), row for row."""
-    last = str(max(int(c) for c in doc["tiers_per_cycle"]))
+    last = str(max(int(c) for c in doc.tiers_per_cycle))
     if name == "main_rows":
-        return ([f"arm={a}&cycle={last}" for a in doc["main"]] + [f"arm=B&cycle={last}" for n in doc["paired"] if n in ("B-A", "B-C")]
-                + [None for _ in doc["ratios"]])
+        return ([f"arm={a}&cycle={last}" for a in doc.main] + [f"arm=B&cycle={last}" for n in doc.paired if n in ("B-A", "B-C")]
+                + [None for _ in doc.ratios])
     if name == "tier_rows":
-        return [f"arm=B&cycle={last}" for _ in doc.get("paired_by_tier", {})]
+        return [f"arm=B&cycle={last}" for _ in doc.paired_by_tier]
     if name == "r_rows":
-        return [f"arm={a}&cycle={c}" for a, tab in doc["R"].items() for c in tab]
+        return [f"arm={a}&cycle={c}" for a, tab in doc.R.items() for c in tab]
     if name == "lifelong_rows":
-        return [f"arm={a}" for a in doc["forgetting"]]
+        return [f"arm={a}" for a in doc.forgetting]
     if name == "loop_rows":
-        return [f"arm=B&cycle={s['cycle']}" for s in doc["loop"]]
+        return [f"arm=B&cycle={s.cycle}" for s in doc.loop]
     if name == "diagnostics_rows":
-        return [f"arm={a}&cycle={last}&outcome=fail" for a in doc["diagnostics"]]
+        return [f"arm={a}&cycle={last}&outcome=fail" for a in doc.diagnostics]
     if name == "judge_rows":
-        return [f"arm={a}&cycle={last}" for a in doc.get("judge", {}).get("arms", {})]
+        return [f"arm={a}&cycle={last}" for a in (doc.judge.arms if doc.judge else {})]
     return []
 
 
@@ -559,7 +558,7 @@ th.pass{background:#e8f6e8}th.fail{background:#fbeaea}
 """
 
 
-def html_report(doc: dict, images: dict[str, str], episodes: list[dict], shared: Sequence[str] = ()) -> str:
+def html_report(doc: BenchDoc, images: dict[str, str], episodes: list[dict], shared: Sequence[str] = ()) -> str:
     """The page: tables (rows link to their episodes), plots, and the viewer over ``episodes``
     (``shared``: the texts their prompts refer to by index)."""
     tables = "".join(f"<h2>{html.escape(title)}</h2>" + _table_html(*fn(doc), cls=fn.__name__.replace("_rows", ""),
@@ -569,14 +568,14 @@ def html_report(doc: dict, images: dict[str, str], episodes: list[dict], shared:
     figs = "".join(f'<figure><img alt="{name}" src="data:image/png;base64,{b64}"></figure>' for name, b64 in images.items())
     data = json.dumps(episodes).replace("<", "\\u003c")  # no "</script>" or "<!--" can end the script element
     texts = json.dumps(list(shared)).replace("<", "\\u003c")
-    cfg = doc["config"]
+    cfg = doc.config
     filters = "".join(f'<label>{name} <select id="f-{name}"><option value="">any</option></select></label>'
                       for name in ("arm", "cycle", "scenario", "tier", "outcome"))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ASCENT-Bench report</title><style>{CSS}</style></head>
 <body><h1>ASCENT-Bench report</h1>
 {f'<p class="note"><b>{html.escape(note).replace("`", "")}</b></p>' if (note := cut_note(doc)) else ""}
-<p>{html.escape(doc['version'])} · {html.escape(doc['metrics_contract'])} · model <code>{html.escape(cfg['model'])}</code> · preset <code>{html.escape(cfg['preset'])}</code>
-· seed {cfg['seed']} · unlocking <code>{html.escape(cfg['unlock'])}</code> · Pass iff CR &ge; {doc['thresholds']['CR']} and D &ge; {doc['thresholds']['D']} and no guard is broken
+<p>{html.escape(doc.version)} · {html.escape(doc.metrics_contract)} · model <code>{html.escape(cfg['model'])}</code> · preset <code>{html.escape(cfg['preset'])}</code>
+· seed {cfg['seed']} · unlocking <code>{html.escape(cfg['unlock'])}</code> · Pass iff CR &ge; {doc.thresholds.CR} and D &ge; {doc.thresholds.D} and no guard is broken
 · Solved iff every decision is finalized and no guard is broken. Intervals are 95% percentile bootstrap intervals over n episodes;
 a table row's first cell opens its episodes in the viewer.</p>
 {tables}<h2>Plots</h2>{figs}
@@ -603,7 +602,7 @@ the number comes from (direct: the simulator; fused; proxy: a model's judgement)
 """
 
 
-def write_reports(run: RunDir, doc: dict, per_cycle: dict[str, dict[int, list[EpisodeRecord]]]) -> None:
+def write_reports(run: RunDir, doc: BenchDoc, per_cycle: dict[str, dict[int, list[EpisodeRecord]]]) -> None:
     """``report.md`` and ``report.html`` into the run folder, as manifest artifacts."""
     from socialworld.records import atomic_write_text
 

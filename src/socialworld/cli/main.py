@@ -19,6 +19,7 @@ from socialworld.cli.options import config_command, fail, require
 from socialworld.cli.progress import bars, with_bars
 from socialworld.config import SHARE, at_least, within
 from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig
+from socialworld.metric_registry import CR, KEYS, METRICS, PASS, SOLVE, D
 from socialworld.rollout.config import EvalConfig, help_for
 from socialworld.rundir import CONTRACT_KEY, PAIRS_KEY
 from socialworld.swm.config import ChainConfig, ForeseeConfig, TomConfig
@@ -132,26 +133,25 @@ def _run_eval(cfg, adapters: str = "", as_json: bool = False) -> None:
         return
     summary = result.summary()
     if as_json:
-        print(json.dumps(summary))
+        print(summary.model_dump_json())
         return
-    cols = ("U", "A_e", "S_npc", "D", "CR", "pass_rate", "solve_rate", "steps_per_episode", "parse_failure_rate",
-            "endpoint_failure_rate")
-    heads = {"pass_rate": "PassRate", "solve_rate": "SolveRate", "steps_per_episode": "steps", "parse_failure_rate": "parse fail",
-             "endpoint_failure_rate": "endpoint fail"}
-    for title, rows in (("by tier", summary["by_tier"]), ("by scenario", summary["by_scenario"])):
-        t = Table(title=f"{policy}: {title} ({summary['episodes']} episodes, {summary['metrics_contract']})")
+    for title, rows in (("by tier", summary.by_tier), ("by scenario", summary.by_scenario)):
+        t = Table(title=f"{policy}: {title} ({summary.episodes} episodes, {summary.metrics_contract})")
         t.add_column("tier" if title == "by tier" else "scenario")
-        for c in ("n", *cols):
-            t.add_column(heads.get(c, c), justify="right", optional=c in ("parse_failure_rate", "endpoint_failure_rate"))
-        for key, m in rows.items():
-            t.add_row(key, str(m["n"]), *(f"{m[c]:.2f}" for c in cols))
+        for c in ("n", *(m.label for m in METRICS), "steps"):
+            t.add_column(c, justify="right")
+        for c in ("parse fail", "endpoint fail"):
+            t.add_column(c, justify="right", optional=True)
+        for key, a in rows.items():
+            t.add_row(key, str(a.n), *(f"{a[k]:.2f}" for k in KEYS),
+                      *(f"{v:.2f}" for v in (a.steps_per_episode, a.parse_failure_rate, a.endpoint_failure_rate)))
         console.print(t)
-    if "judge" in summary:
-        t = Table(title=escape(f"LM judge {cfg.judge} ({summary['judge']['all']['prompt_version']}, source proxy, 0-10; "
+    if summary.judge is not None:
+        t = Table(title=escape(f"LM judge {cfg.judge} ({summary.judge.all['prompt_version']}, source proxy, 0-10; "
                                "beside the rule metrics, never in them)"))
         for c in ("tier", "episodes", "judged", "endpoint fail", "unparseable", *JUDGE_DIMENSIONS):
             t.add_column(c, justify="right" if c != "tier" else "left")
-        for key, j in (("all", summary["judge"]["all"]), *summary["judge"]["by_tier"].items()):
+        for key, j in (("all", summary.judge.all), *summary.judge.by_tier.items()):
             t.add_row(key, str(j["episodes"]), str(j["judged"]), str(j["endpoint_failures"]), str(j["unparseable"]),
                       *("-" if j["means"][dim] is None else f"{j['means'][dim]:.2f}" for dim in JUDGE_DIMENSIONS))
         console.print(t)
@@ -204,8 +204,9 @@ def _run_loop(cfg) -> None:
     run_log(cfg.out)
     summaries = with_bars(lambda progress: run_loop(cfg, log=say, progress=progress))
     t = Table(title=escape(f"loop: {cfg.out} ({METRICS_CONTRACT})"))
-    for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", "pass", "solve", "D", "CR",
-              "pass - untrained", "D - untrained"):
+    shown = (PASS, SOLVE, D, CR)
+    for c in ("cycle", "action pairs", "dialogue pairs", "excluded", "loss action", "loss dialogue", *shown,
+              f"{PASS} - untrained", f"{D} - untrained"):
         t.add_column(c, justify="right")
     for s in summaries:
         loss = {k: "-" if v is None else f"{v:.3f}" for k, v in s.final_loss.items()}
@@ -213,8 +214,7 @@ def _run_loop(cfg) -> None:
         pairs = {k: f"{s.pairs.get(k, 0)}" + (f" +{s.replayed[k]} replayed" if s.replayed.get(k) else "") for k in ("action", "dialogue")}
         t.add_row(str(s.cycle), pairs["action"], pairs["dialogue"],
                   str(sum(s.excluded.values())), loss.get("action", "-"), loss.get("dialogue", "-"),
-                  f"{s.eval['pass_rate']:.2f}", f"{s.eval['solve_rate']:.2f}", f"{s.eval['D']:.2f}", f"{s.eval['CR']:.2f}",
-                  vs.get("pass", "-"), vs.get("D", "-"))
+                  *(f"{s.eval[k]:.2f}" for k in shown), vs.get(PASS, "-"), vs.get(D, "-"))
     console.print(t)
 
 
@@ -328,7 +328,7 @@ def _run_bench(cfg, suite: str = "main") -> None:
         head, rows = fn(result.doc)
         if not rows:
             continue
-        t = Table(title=f"{title}, {result.doc['metrics_contract']}")
+        t = Table(title=f"{title}, {result.doc.metrics_contract}")
         for h in head:
             t.add_column(h, justify="right")
         for r in rows:
@@ -437,6 +437,23 @@ def _run_chain(cfg, adapters: str = "") -> None:
 
 config_command(app, "chain", ChainConfig, _run_chain, aliases={"scenarios": "--scenario", "tiers": "--tier", "modes": "--mode"},
                extra=[_ADAPTERS])
+
+
+@app.command("report")
+def report_cmd(
+    run: Path = typer.Argument(..., help="a finished bench's --out (bench.json), or a suite's folder in it (<out>/methods, <out>/ablations)"),
+) -> None:
+    """Make a finished bench's or suite's report.md and report.html again from its stored document and
+    episodes, and print report.md. A document written by an older version is rewritten in this
+    version's form first; nothing is run."""
+    from socialworld.bench.protocol import remake_reports
+
+    try:
+        remake_reports(run, log=say)
+    except (ValueError, OSError) as err:
+        fail(str(err))
+        return
+    say((run / "report.md").read_text())
 
 
 @app.command("export")

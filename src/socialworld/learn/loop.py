@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Final, Literal, Sequence
 
+from pydantic import model_validator
+
 from socialworld.agents.lm.policy import SAY_TOKENS
 from socialworld.agents.models import TRACKS, check_loads, parse_model_spec
 from socialworld.agents.registry import make_policy
@@ -42,7 +44,8 @@ from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig, PairBuild, S
 from socialworld.learn.listwise import PromptKV
 from socialworld.learn.sleep import PAIR_SCHEMA, Gating, GatingReport, read_gating, read_pairs, run_sleep, screen_and_gate, write_pairs
 from socialworld.learn.train import check_target_modules, grpo_rows, read_train_record, train_adapter
-from socialworld.metrics.core import METRICS_CONTRACT, ContractMismatch, aggregate, group_by, require_contract
+from socialworld.metric_registry import KEYS, PASS
+from socialworld.metrics.core import METRICS_CONTRACT, Aggregate, ContractMismatch, aggregate, group_by, require_contract
 from socialworld.metrics.lifelong import next_unlocked, progressive_schedule
 from socialworld.metrics.stats import Interval, paired_difference
 from socialworld.records import Document, EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, record_from_json, write_jsonl
@@ -58,16 +61,13 @@ from socialworld.world.spec import SCENARIO_STORE, RunScenarios, ScenarioError, 
 JUDGE_MAX_ENDPOINT_FAILURES = 0.2
 """the loop stops (and retries when rerun) when its judge's endpoint gave no reply on more than this share of episodes"""
 
-COMPARED = ("pass", "solve", "D", "CR", "U", "A_e", "S_npc")
-
-
-CYCLE_SUMMARY_SCHEMA: Final = "cycle-summary-v1"
+CYCLE_SUMMARY_SCHEMA: Final = "cycle-summary-v2"
 
 
 class CycleSummary(Document):
     """One loop cycle's result, as ``cycle-c/summary.json`` holds it."""
 
-    schema_version: Literal["cycle-summary-v1"] = CYCLE_SUMMARY_SCHEMA
+    schema_version: Literal["cycle-summary-v2"] = CYCLE_SUMMARY_SCHEMA
     cycle: int
     tiers: list[str]
     """the tiers this cycle trained and evaluated"""
@@ -79,11 +79,24 @@ class CycleSummary(Document):
     """pairs replayed from earlier cycles, per track"""
     final_loss: dict[str, float | None]
     """each trained adapter's last logged loss (None: not trained this cycle)"""
-    eval: dict[str, float | int | str]
-    """the deployed policy's metrics on the evaluation seeds (:meth:`~socialworld.metrics.core.Aggregate.as_dict`)"""
-    by_tier: dict[str, dict[str, float | int | str]]
+    eval: Aggregate
+    """the deployed policy's metrics on the evaluation seeds"""
+    by_tier: dict[str, Aggregate]
     vs_baseline: dict[str, Interval] | None = None
-    """paired bootstrap of this cycle minus the untrained policy, per compared metric (with a baseline)"""
+    """paired bootstrap of this cycle minus the untrained policy, per registered metric (with a baseline)"""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        """v1 (before the metric registry) held its aggregates flat (read by :class:`Aggregate`)."""
+        if isinstance(data, dict) and data.get("schema_version") == "cycle-summary-v1":
+            data = {**data, "schema_version": CYCLE_SUMMARY_SCHEMA}
+        return data
+
+
+def _brief(m: Aggregate) -> str:
+    """The log's line of an evaluation's scores."""
+    return f"pass {m['pass']:.2f} solve {m['solve']:.2f} D {m['D']:.2f} CR {m['CR']:.2f}"
 
 
 def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int]:
@@ -194,7 +207,7 @@ def unlocked_tiers(cfg: LoopConfig, c: int, previous: tuple[str, ...], previous_
     if cfg.unlock == "progressive" or c == 1:
         return progressive_schedule(c, cfg.tiers)[-1]
     newest = [e for e in previous_eval if e.tier == previous[-1]]
-    rate = aggregate(newest).pass_rate if newest else 0.0
+    rate = aggregate(newest)[PASS] if newest else 0.0
     return next_unlocked(previous, rate, cfg.adaptive_threshold, cfg.tiers)
 
 
@@ -270,8 +283,7 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
     baseline: list[EpisodeRecord] | None = None
     if cfg.baseline:  # every tier that may unlock: the untrained policy is the same in every cycle
         baseline = evaluate(loop, 0, cfg.tiers, None, "cycle 0 eval (untrained)")
-        m0 = aggregate(baseline).as_dict()
-        log(f"cycle 0 (untrained): eval pass {m0['pass_rate']:.2f} solve {m0['solve_rate']:.2f} D {m0['D']:.2f} CR {m0['CR']:.2f}")
+        log(f"cycle 0 (untrained): eval {_brief(aggregate(baseline))}")
     tiers: tuple[str, ...] = ()
     evaluated: list[EpisodeRecord] = []
     adapters: dict[str, str] | None = None
@@ -383,7 +395,7 @@ def sleep(loop: LoopRun, cycle: Cycle, woke: Wake) -> Gating:
         folder.mkdir()
         for t in TRACKS:
             report.replaced += write_pairs(folder / Path(d.pairs(t)).name, [p for p in kept if p.track == t])
-        atomic_write_text(folder / Path(d.gating).name, json.dumps(report.as_dict(), indent=1, sort_keys=True) + "\n")
+        atomic_write_text(folder / Path(d.gating).name, report.document().to_json())
 
     run.produce(d.sleep, "sleep", write, inputs=[d.wake, d.reference, *([d.wake_judged] if cfg.judge else []),
                                                   *(e.sleep for e in earlier)])
@@ -455,19 +467,19 @@ def summarize(loop: LoopRun, cycle: Cycle, gating: Gating, trained: Trained, eva
     tier, and with a ``baseline`` (the untrained policy's cycle-0 evaluation) its paired bootstrap
     against it; logged."""
     cfg, run, c, d, log = loop.cfg, loop.run, cycle.number, cycle.files, loop.log
-    m = aggregate(evaluated).as_dict()
+    m = aggregate(evaluated)
     vs = None
     if baseline is not None:
         keys = {(e.scenario_id, e.seed) for e in evaluated}
         base = [e for e in baseline if (e.scenario_id, e.seed) in keys]
-        vs = {k: paired_difference(base, evaluated, k, seed=cfg.seed) for k in COMPARED}
+        vs = {k: paired_difference(base, evaluated, k, seed=cfg.seed) for k in KEYS}
     summary = CycleSummary(
         cycle=c, tiers=list(cycle.tiers), pairs=gating.kept, excluded=gating.excluded, replayed=gating.replayed,
         final_loss={t: (v[-1] if v else None) for t, v in trained.losses.items()}, eval=m,
-        by_tier={t: aggregate(eps).as_dict() for t, eps in sorted(group_by(evaluated, "tier").items())}, vs_baseline=vs)
+        by_tier={t: aggregate(eps) for t, eps in sorted(group_by(evaluated, "tier").items())}, vs_baseline=vs)
     run.produce(d.summary, "summary", lambda p: atomic_write_text(p, summary.to_json()),
                 inputs=[d.eval, d.sleep, *loop.relative(trained.adapters), *([cycle_files(0).eval] if baseline is not None else [])])
-    log(f"cycle {c}: eval pass {m['pass_rate']:.2f} solve {m['solve_rate']:.2f} D {m['D']:.2f} CR {m['CR']:.2f}")
+    log(f"cycle {c}: eval {_brief(m)}")
     for k, iv in (summary.vs_baseline or {}).items():
         log(f"cycle {c}: {k} - untrained = {iv.mean:+.3f}, 95% paired bootstrap [{iv.lo:+.3f}, {iv.hi:+.3f}]")
     return summary

@@ -77,7 +77,7 @@ from socialworld.agents.lm.prompts import build_messages
 from socialworld.agents.registry import make_policy
 from socialworld.core import Action
 from socialworld.learn.config import PairBuild, SleepConfig
-from socialworld.records import EpisodeRecord, JudgeRec, StepRecord
+from socialworld.records import Document, EpisodeRecord, JudgeRec, StepRecord, read_document
 from socialworld.rollout.judge import RankAgreement, episode_return, rank_agreement
 from socialworld.rollout.runner import decide
 from socialworld.world.engine import World
@@ -173,17 +173,24 @@ class GatingReport:
     def exclude(self, track: str, reason: str) -> None:
         self.excluded[f"{track}:{reason}"] += 1
 
+    def document(self) -> Gating:
+        """``gating.json``."""
+        return Gating.model_validate(self.as_dict())
+
     def as_dict(self) -> dict:
         return {"candidates": self.candidates, "kept": dict(self.kept), "excluded": dict(sorted(self.excluded.items())),
                 "replayed": dict(self.replayed), "replaced_surrogates": self.replaced,
                 **({"judge_agreement": self.judge_agreement.as_dict()} if self.judge_agreement != RankAgreement() else {})}
 
 
-class Gating(BaseModel):
-    """A cycle's ``gating.json`` read back (what :meth:`GatingReport.as_dict` wrote)."""
+GATING_SCHEMA: Final = "gating-v1"
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
+class Gating(Document):
+    """A cycle's ``gating.json``: a :class:`GatingReport` as written (:meth:`GatingReport.document`)
+    and read back. Files written before the field named no ``schema_version``; they read as v1."""
+
+    schema_version: Literal["gating-v1"] = GATING_SCHEMA
     candidates: int
     kept: dict[str, int]
     """pairs kept per track (before replay)"""
@@ -199,10 +206,7 @@ class Gating(BaseModel):
 
 def read_gating(path: str | Path) -> Gating:
     """A ``gating.json``; a malformed one raises naming the file."""
-    try:
-        return Gating.model_validate_json(Path(path).read_text())
-    except ValueError as err:
-        raise ValueError(f"{path}: not a gating report: {err}") from err
+    return read_document(path, Gating)
 
 
 # ------------------------------------------------------------------ replay and counterfactual values

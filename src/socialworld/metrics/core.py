@@ -14,12 +14,14 @@ hold at the start and earn nothing by holding; breaking one fails the episode. E
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from statistics import fmean
-from typing import Iterable, Sequence
+from typing import Any, Final, Iterable, Sequence
+
+from pydantic import computed_field, field_validator, model_validator
 
 from socialworld.core import MentalState
-from socialworld.records import EpisodeRecord, Metrics, Signal
+from socialworld.metric_registry import KEYS, metric
+from socialworld.records import Document, EpisodeRecord, Metrics, Signal
 
 CR_THRESHOLD = 0.6
 D_THRESHOLD = 0.5
@@ -138,53 +140,84 @@ def require_contract(episodes: Iterable[EpisodeRecord], source: str = "these rec
             "numbers of different metrics contracts are never compared: re-run them into a new folder")
 
 
-METRIC_KEYS = ("U", "A_e", "S_npc", "D", "CR")
+class Aggregate(Document):
+    """A set of episodes' scores: the mean of every registered metric
+    (:data:`~socialworld.metric_registry.METRICS`, read with ``agg["D"]``), and the failure rates of
+    their steps. Documents (``metrics.json``, a cycle's ``summary.json``, ``bench.json``) hold it as
+    it is; one written before the registry (its metrics flat beside the counts, PassRate spelled
+    ``pass_rate``) is read through :func:`migrate_flat_aggregate`."""
 
-
-@dataclass(frozen=True)
-class Aggregate:
+    metrics: dict[str, float]
+    """registered metric key -> mean over the episodes (``pass``, ``solve``: the share of episodes)"""
     n: int
-    U: float
-    A_e: float
-    S_npc: float
-    D: float
-    CR: float
-    pass_rate: float
-    solve_rate: float
     steps: int
     parse_failure_rate: float
     endpoint_failure_rate: float
-    contract: str = METRICS_CONTRACT
+    metrics_contract: str = METRICS_CONTRACT
 
+    @field_validator("metrics")
+    @classmethod
+    def _registered(cls, v: dict[str, float]) -> dict[str, float]:
+        if set(v) != set(KEYS):
+            raise ValueError(f"metrics must name exactly the registered metrics {', '.join(KEYS)}; got {', '.join(sorted(v))}")
+        return {k: v[k] for k in KEYS}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read(cls, data: Any) -> Any:
+        data = migrate_flat_aggregate(data)
+        if isinstance(data, dict):  # derived, written for the reader's convenience
+            data = {k: v for k, v in data.items() if k != "steps_per_episode"}
+        return data
+
+    def __getitem__(self, key: str) -> float:
+        return self.metrics[metric(key).key]
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def steps_per_episode(self) -> float:
         return self.steps / self.n
 
-    def as_dict(self) -> dict[str, float | int | str]:
-        return {"U": self.U, "A_e": self.A_e, "S_npc": self.S_npc, "D": self.D, "CR": self.CR, "pass_rate": self.pass_rate,
-                "solve_rate": self.solve_rate, "n": self.n, "steps": self.steps, "steps_per_episode": self.steps_per_episode,
-                "parse_failure_rate": self.parse_failure_rate, "endpoint_failure_rate": self.endpoint_failure_rate,
-                "metrics_contract": self.contract}
+
+FLAT_KEYS: Final = {"U": "U", "A_e": "A_e", "S_npc": "S_npc", "D": "D", "CR": "CR", "pass_rate": "pass", "solve_rate": "solve"}
+"""an aggregate's metrics as documents spelled them before the registry (all flat, ``pass_rate``)"""
+
+
+def migrate_flat_aggregate(data: Any) -> Any:
+    """An aggregate written before the registry (``{"U": .., "pass_rate": .., "solve_rate": .., "n": ..}``)
+    in today's form (``{"metrics": {"U": .., "pass": .., "solve": ..}, "n": ..}``); anything else as it is.
+    A record of old ``metrics-v1`` had no ``solve_rate``:
+    it stays missing and the record is refused, as its contract would be."""
+    if not isinstance(data, dict) or "metrics" in data or "pass_rate" not in data:
+        return data
+    rest = {k: v for k, v in data.items() if k not in FLAT_KEYS}
+    return {**rest, "metrics": {new: data[old] for old, new in FLAT_KEYS.items() if old in data}}
+
+
+def metric_of(m: Metrics, key: str) -> float | None:
+    """One scored episode's value of the registered metric ``key``: its signal's value (None when
+    it has none), or 1.0 / 0.0 for an outcome (``pass``, ``solve``)."""
+    value = getattr(m, metric(key).field)
+    return float(value) if isinstance(value, bool) else value.value
 
 
 def aggregate(episodes: Sequence[EpisodeRecord]) -> Aggregate:
-    """Means of each metric; PassRate = share of passed episodes; SolveRate = share of solved
-    episodes (every decision finalized, no guard broken); parse-failure rate = share of steps
-    whose reply was unparseable or illegal (both executed as ``wait`` with the penalty);
-    endpoint-failure rate = share of steps that got no reply at all (``failure == "endpoint"``),
-    counted apart: a dead endpoint is not a bad reply.
+    """Means of each registered metric (a missing signal value counts 0); PassRate = share of
+    passed episodes; SolveRate = share of solved episodes (every decision finalized, no guard
+    broken); parse-failure rate = share of steps whose reply was unparseable or illegal (both
+    executed as ``wait`` with the penalty); endpoint-failure rate = share of steps that got no
+    reply at all (``failure == "endpoint"``), counted apart: a dead endpoint is not a bad reply.
     Episodes scored under another metrics contract are refused (:func:`require_contract`)."""
     if not episodes:
         raise ValueError("cannot aggregate zero episodes")
     require_contract(episodes)
     ms = [e.metrics or episode_metrics(e) for e in episodes]
-    mean = lambda k: fmean(getattr(m, k).value or 0.0 for m in ms)  # noqa: E731
+    means = {k: fmean(metric_of(m, k) or 0.0 for m in ms) for k in KEYS}
     steps = [s for e in episodes for s in e.steps]
     endpoint = sum(s.action.failure == "endpoint" for s in steps)
     failed = sum(s.action.parse_status != "ok" and s.action.failure is None for s in steps)
     rate = lambda n: n / len(steps) if steps else 0.0  # noqa: E731
-    return Aggregate(len(ms), mean("U"), mean("A_e"), mean("S_npc"), mean("D"), mean("CR"), fmean(float(m.passed) for m in ms),
-                     fmean(float(m.solved) for m in ms), len(steps), rate(failed), rate(endpoint))
+    return Aggregate(metrics=means, n=len(ms), steps=len(steps), parse_failure_rate=rate(failed), endpoint_failure_rate=rate(endpoint))
 
 
 def group_by(episodes: Iterable[EpisodeRecord], key: str) -> dict[str, list[EpisodeRecord]]:

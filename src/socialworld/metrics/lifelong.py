@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from socialworld.metric_registry import PASS
 from socialworld.metrics.core import group_by
-from socialworld.metrics.stats import PASS, Interval, metric_interval
+from socialworld.metrics.stats import Interval, metric_interval
 from socialworld.records import EpisodeRecord
 
 TIERS = ("L0", "L1", "L2")

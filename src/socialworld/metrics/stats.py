@@ -12,26 +12,16 @@ from typing import Sequence
 
 import numpy as np
 
-from socialworld.metrics.core import METRIC_KEYS, episode_metrics, require_contract
+from socialworld.metrics.core import episode_metrics, metric_of, require_contract
 from socialworld.records import EpisodeRecord
-
-PASS = "pass"
-SOLVE = "solve"
 
 
 def metric_value(ep: EpisodeRecord, key: str) -> float:
-    """One episode's value of ``key`` (a core metric name, ``pass`` or ``solve`` -> 1.0/0.0)."""
-    m = ep.metrics or episode_metrics(ep)
-    if key == PASS:
-        return float(m.passed)
-    if key == SOLVE:
-        return float(m.solved)
-    if key not in METRIC_KEYS:
-        raise KeyError(f"unknown metric {key!r}; expected one of {METRIC_KEYS + (PASS, SOLVE)}")
-    v = getattr(m, key).value
+    """One episode's value of the registered metric ``key`` (``pass``, ``solve``: 1.0 / 0.0)."""
+    v = metric_of(ep.metrics or episode_metrics(ep), key)
     if v is None:
         raise ValueError(f"episode {ep.episode_id} has no value for {key}")
-    return float(v)
+    return v
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable, Final, Literal
 
 from socialworld.agents.lm.backends import EndpointFailure
 from socialworld.agents.models import SCRIPTED, check_loads
 from socialworld.agents.registry import make_policy
-from socialworld.metrics.core import METRICS_CONTRACT, aggregate, group_by
-from socialworld.records import EpisodeRecord, JudgeRec, atomic_write_text, dumps_canonical, write_jsonl, write_parquet
+from socialworld.metrics.core import METRICS_CONTRACT, Aggregate, aggregate, group_by
+from socialworld.records import Document, EpisodeRecord, JudgeRec, atomic_write_text, read_document, write_jsonl, write_parquet
 from socialworld.rollout.config import EvalConfig
 from socialworld.rollout.judge import judge_episodes, summarise, write_judged
 from socialworld.rollout.runner import EpisodeJob, run_episodes
@@ -23,6 +24,41 @@ def episode_seeds(run_seed: int, scenario_id: str, n: int) -> list[int]:
     return [derive_seed(run_seed, "eval", scenario_id, i) for i in range(n)]
 
 
+EVAL_SUMMARY_SCHEMA: Final = "eval-summary-v2"
+
+
+class TierScores(Aggregate):
+    """A scenario's aggregate, with its tier."""
+
+    tier: str
+
+
+class JudgeSummaries(Document):
+    """The LM judge's means (source ``proxy``), over all episodes and by tier."""
+
+    all: dict[str, Any]
+    by_tier: dict[str, dict[str, Any]]
+
+
+class EvalSummary(Document):
+    """``metrics.json`` (and ``eval --json``): a policy's scores by tier and by scenario.
+    v1 (no ``schema_version``; before the metric registry) held each aggregate flat; it reads as v2
+    (:func:`socialworld.metrics.core.migrate_flat_aggregate`)."""
+
+    schema_version: Literal["eval-summary-v2"] = EVAL_SUMMARY_SCHEMA
+    policy: str
+    metrics_contract: str
+    episodes: int
+    by_tier: dict[str, Aggregate]
+    by_scenario: dict[str, TierScores]
+    judge: JudgeSummaries | None = None
+
+
+def read_eval_summary(path: str | Path) -> EvalSummary:
+    """A ``metrics.json`` of any version; a malformed one raises naming the file."""
+    return read_document(path, EvalSummary)
+
+
 @dataclass(frozen=True)
 class EvalResult:
     policy: str
@@ -30,20 +66,19 @@ class EvalResult:
     judged: list[JudgeRec] = field(default_factory=list)
     """the LM judge's record of each episode (empty without ``--judge``)"""
 
-    def summary(self) -> dict:
-        """The ``eval --json`` document."""
-        by_tier = {t: aggregate(eps).as_dict() for t, eps in sorted(group_by(self.episodes, "tier").items())}
-        by_scenario = {}
-        for sid, eps in group_by(self.episodes, "scenario_id").items():
-            by_scenario[sid] = {**aggregate(eps).as_dict(), "tier": eps[0].tier}
-        doc = {"policy": self.policy, "metrics_contract": METRICS_CONTRACT, "episodes": len(self.episodes),
-               "by_tier": by_tier, "by_scenario": by_scenario}
+    def summary(self) -> EvalSummary:
+        """The ``metrics.json`` (and ``eval --json``) document."""
+        by_tier = {t: aggregate(eps) for t, eps in sorted(group_by(self.episodes, "tier").items())}
+        by_scenario = {sid: TierScores(**dict(aggregate(eps)), tier=eps[0].tier)
+                       for sid, eps in group_by(self.episodes, "scenario_id").items()}
+        judge = None
         if self.judged:
             tier = {e.episode_id: e.tier for e in self.episodes}
-            doc["judge"] = {"all": summarise(self.judged).as_dict(),
-                            "by_tier": {t: summarise([r for r in self.judged if tier[r.episode_id] == t]).as_dict()
-                                        for t in sorted(set(tier.values()))}}
-        return doc
+            judge = JudgeSummaries(all=summarise(self.judged).as_dict(),
+                                   by_tier={t: summarise([r for r in self.judged if tier[r.episode_id] == t]).as_dict()
+                                            for t in sorted(set(tier.values()))})
+        return EvalSummary(policy=self.policy, metrics_contract=METRICS_CONTRACT, episodes=len(self.episodes),
+                           by_tier=by_tier, by_scenario=by_scenario, judge=judge)
 
 
 def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None = None,
@@ -82,7 +117,7 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
     if judged:
         write_judged(out / "judge.jsonl", judged)
     result = EvalResult(cfg.policy, eps, judged)
-    atomic_write_text(out / "metrics.json", dumps_canonical(result.summary()) + "\n")
+    atomic_write_text(out / "metrics.json", result.summary().to_json())
     return result
 
 

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from socialworld.agents.lm.prompts import build_messages, parse_output
 from socialworld.core import Decision
+from socialworld.metric_registry import KEYS
+from socialworld.metrics.core import metric_of
 from socialworld.records import EpisodeRecord, PolicyRec, StepRecord
 from socialworld.rollout.runner import EpisodeJob, episode_record, step_record
 from socialworld.world.engine import World
@@ -124,10 +126,9 @@ class TextEpisode:
 
 
 def outcome(ep: EpisodeRecord) -> dict[str, Any]:
-    """An episode's result: ``pass`` and ``solved`` (contract §5), the rule metrics ``U``, ``A_e``,
-    ``S_npc``, ``D``, ``CR``, and the guards broken."""
+    """An episode's result: every registered metric by its key (``pass`` and ``solve`` 1.0 / 0.0,
+    ``U``, ``A_e``, ``S_npc``, ``D``, ``CR``; contract §5), and the guards broken."""
     m = ep.metrics
     if m is None:
         raise ValueError(f"episode {ep.episode_id} is not scored")
-    return {"pass": m.passed, "solved": m.solved, "U": m.U.value, "A_e": m.A_e.value, "S_npc": m.S_npc.value,
-            "D": m.D.value, "CR": m.CR.value, "guards_broken": list(m.guards_broken)}
+    return {**{k: metric_of(m, k) for k in KEYS}, "guards_broken": list(m.guards_broken)}

@@ -16,8 +16,9 @@ package) exports the classes below.
   (:class:`socialworld.rollout.textenv.TextEpisode`: unparseable or illegal text is the world's
   penalised ``wait()``) and the next observation is the next user message; the NPCs are the
   world's. At the end the rule metrics of the episode's record (contract §5) are its rewards, each
-  named: ``PassRate`` (weight 1: the reward a trainer optimises), ``CR`` and ``D`` (weight 0:
-  reported, not summed); its metrics are ``solved``, ``return`` (the sum of the world's step
+  named by its registered label (:mod:`socialworld.metric_registry`): ``PassRate`` (weight 1: the
+  reward a trainer optimises), ``CR`` and ``D`` (weight 0: reported, not summed); its metrics are
+  ``SolveRate`` (1 or 0), ``return`` (the sum of the world's step
   rewards), ``steps``, ``parse_failures`` and ``finished`` (0 when the agent stopped before the
   world's turn budget ended: then the episode is scored as it stands).
 
@@ -40,10 +41,13 @@ except ModuleNotFoundError as e:  # say which extra, and why apart
     raise ModuleNotFoundError("the verifiers environment needs verifiers: pip install -e '.[verifiers]' in a venv of its own "
                               "(verifiers pins mcp 2, OpenEnv needs mcp < 2)", name=e.name) from e
 
+from socialworld.metric_registry import CR, PASS, SOLVE, D, metric
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.textenv import TextEpisode, outcome
 from socialworld.world.spec import ScenarioSpec, load_builtin_scenarios, named
 
+REWARDS = {PASS: 1.0, CR: 0.0, D: 0.0}
+"""the rewards each episode records, by metric key, with their weights (PassRate alone is summed)"""
 MAX_AGENT_TURNS = 64
 """the agent's turn cap: above every shipped scenario's turn budget, so the world ends an episode"""
 
@@ -129,10 +133,9 @@ class SocialWorldEnv(vf.Env[SocialWorldEnvConfig]):
             # recorded before the interaction closes (verifiers sums the rewards as it does)
             out = outcome(ep.record())
             trace = it.trace
-            trace.record_reward("PassRate", float(out["pass"]), 1.0)
-            trace.record_reward("CR", float(out["CR"]), 0.0)
-            trace.record_reward("D", float(out["D"]), 0.0)
-            trace.record_metric("solved", float(out["solved"]))
+            for key, weight in REWARDS.items():
+                trace.record_reward(metric(key).label, float(out[key]), weight)
+            trace.record_metric(metric(SOLVE).label, float(out[SOLVE]))
             trace.record_metric("return", total)
             trace.record_metric("steps", float(len(ep.steps)))
             trace.record_metric("parse_failures", float(sum(s.action.parse_status != "ok" for s in ep.steps)))

@@ -208,8 +208,9 @@ def run_chains(cfg: ChainConfig, progress=None) -> ChainResult:
     characters per observation). ``progress(what, total)`` may return a per-episode callback."""
     from socialworld.agents.models import SCRIPTED
     from socialworld.agents.registry import make_policy
-    from socialworld.metrics.core import METRIC_KEYS, METRICS_CONTRACT
-    from socialworld.metrics.stats import PASS, SOLVE, metric_interval, paired_difference
+    from socialworld.metric_registry import KEYS
+    from socialworld.metrics.core import METRICS_CONTRACT
+    from socialworld.metrics.stats import metric_interval, paired_difference
     from socialworld.records import atomic_write_text, write_jsonl
     from socialworld.rollout.runner import EpisodeJob, run_episodes
     from socialworld.world.spec import resolve_scenarios
@@ -258,7 +259,6 @@ def run_chains(cfg: ChainConfig, progress=None) -> ChainResult:
                 history.setdefault((into, sid, c), []).append(ep)
                 if mode == "shared":
                     trust[(into, sid, c)] = {}
-    keys = (PASS, SOLVE, *METRIC_KEYS)
     out = Path(cfg.out)
     per_mode: dict[str, list[ChainRow]] = {}
     for m in cfg.modes:
@@ -271,9 +271,9 @@ def run_chains(cfg: ChainConfig, progress=None) -> ChainResult:
             vs_none = None
             if m != "none" and "none" in cfg.modes and pos > 0:
                 base = [history[("none", s.id, c)][pos] for s, c in chains]
-                vs_none = {k: paired_difference(base, at, k, seed=cfg.seed) for k in keys}
+                vs_none = {k: paired_difference(base, at, k, seed=cfg.seed) for k in KEYS}
             rows.append(ChainRow(
-                position=pos + 1, metrics={k: metric_interval(at, k, seed=cfg.seed) for k in keys},
+                position=pos + 1, metrics={k: metric_interval(at, k, seed=cfg.seed) for k in KEYS},
                 prompt_tokens_per_step=sum(st.policy.tokens_in for st in steps) / max(1, len(steps)),
                 memory_chars_per_step=sum(len("\n".join(_memory_lines(st))) for st in steps) / max(1, len(steps)),
                 vs_none=vs_none))

@@ -396,8 +396,9 @@ def evaluate_foresee(cfg: ForeseeConfig, progress=None) -> ForeseeResult:
 
     from socialworld.agents.models import SCRIPTED
     from socialworld.agents.registry import make_policy
-    from socialworld.metrics.core import METRIC_KEYS, METRICS_CONTRACT
-    from socialworld.metrics.stats import PASS, SOLVE, metric_interval, paired_difference
+    from socialworld.metric_registry import KEYS
+    from socialworld.metrics.core import METRICS_CONTRACT
+    from socialworld.metrics.stats import metric_interval, paired_difference
     from socialworld.records import atomic_write_text, write_jsonl
     from socialworld.rollout.evaluate import episode_seeds
     from socialworld.rollout.runner import EpisodeJob, run_episodes
@@ -418,13 +419,12 @@ def evaluate_foresee(cfg: ForeseeConfig, progress=None) -> ForeseeResult:
         eps = run_episodes(pol, jobs, batch_size=max(1, len(jobs)), on_episode=on_episode, run_seed=cfg.seed)
         write_jsonl(out / name / "episodes.jsonl", eps)
         sides[name] = eps
-    keys = (PASS, SOLVE, *METRIC_KEYS)
     traces = [s.action.foresight for e in sides["foresee"] for s in e.steps if s.action.foresight]
     doc = ForeseeResult(
         metrics_contract=METRICS_CONTRACT, policy=cfg.policy, world_model=wrapped.world_model.name,
         prompt_version=FORESEE_PROMPT_VERSION, config=cfg, episodes=len(jobs),
-        metrics={name: {k: metric_interval(eps, k, seed=cfg.seed) for k in keys} for name, eps in sides.items()},
-        difference={k: paired_difference(sides["plain"], sides["foresee"], k, seed=cfg.seed) for k in keys},
+        metrics={name: {k: metric_interval(eps, k, seed=cfg.seed) for k in KEYS} for name, eps in sides.items()},
+        difference={k: paired_difference(sides["plain"], sides["foresee"], k, seed=cfg.seed) for k in KEYS},
         refinement=Refinement(
             steps=sum(len(e.steps) for e in sides["foresee"]),
             refined=sum(bool(t.get("refined")) for t in traces),

@@ -1,0 +1,153 @@
+"""The bench's result documents, typed and versioned: ``bench.json`` (:class:`BenchDoc`) and a
+suite's ``suite.json`` (:class:`SuiteDoc`).
+
+Every per-metric table in them is keyed by the metric registry
+(:mod:`socialworld.metric_registry`); a key it does not know fails the read. The reports
+(:mod:`socialworld.bench.report`) read these types, never raw JSON.
+
+Versions: v1 documents (written before the registry; they named no ``schema_version``) held the
+loop's per-cycle evaluations flat with PassRate spelled ``pass_rate``. They read as v2 (a missing
+``schema_version`` takes the current one) through the models' migrations (:func:`socialworld.metrics.core.migrate_flat_aggregate` for each aggregate),
+so an old run folder's reports can be made again (``socialworld report``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import AfterValidator
+
+from socialworld.learn.loop import CycleSummary
+from socialworld.metric_registry import KEYS
+from socialworld.metrics.stats import Interval
+from socialworld.records import Document, read_document
+
+BENCH_SCHEMA: Final = "bench-v2"
+SUITE_SCHEMA: Final = "suite-v2"
+
+
+def _registered(table: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(table) - set(KEYS))
+    if unknown:
+        raise ValueError(f"unknown metric(s) {', '.join(unknown)}; the registered metrics are {', '.join(KEYS)}")
+    return table
+
+
+PerMetric = Annotated[dict[str, Interval], AfterValidator(_registered)]
+"""registered metric key -> its interval"""
+Ratios = Annotated[dict[str, float | None], AfterValidator(_registered)]
+"""registered metric key -> a ratio of means (None: the denominator's mean is 0)"""
+RTable = dict[str, dict[str, Interval]]
+"""cycle (as text) -> tier -> PassRate interval"""
+
+
+class Thresholds(Document):
+    CR: float
+    D: float
+    guards: str
+
+
+class Coverage(Document):
+    """:func:`socialworld.metrics.diagnostics.coverage`"""
+
+    failed: int
+    coverage: float
+    mean_confidence: float
+
+
+class ArmDiagnostics(Document):
+    coverage: Coverage
+    primary_failures: dict[str, int]
+
+
+class BenchJudge(Document):
+    """With ``--judge``: the judge's summary per arm and its agreement with the world's returns."""
+
+    judge: str
+    arms: dict[str, dict[str, Any]]
+    """arm -> :meth:`socialworld.rollout.judge.JudgeSummary.as_dict`"""
+    agreement: dict[str, Any]
+    """:meth:`socialworld.rollout.judge.RankAgreement.as_dict`"""
+
+
+class BenchDoc(Document):
+    """``bench.json``: every number of the report (:func:`socialworld.bench.protocol.bench_document`)."""
+
+    schema_version: Literal["bench-v2"] = BENCH_SCHEMA
+    version: str
+    """the protocol's version (``ascent-bench-v1``)"""
+    metrics_contract: str
+    config: dict[str, Any]
+    """the bench's configuration as its ``config.yaml`` records it"""
+    preset: dict[str, Any]
+    thresholds: Thresholds
+    steps_per_episode: dict[str, float]
+    """arm -> mean steps per last-cycle episode"""
+    tiers_per_cycle: dict[str, list[str]]
+    episodes_per_arm: dict[str, int]
+    main: dict[str, PerMetric]
+    """arm -> metric -> last-cycle interval"""
+    paired: dict[str, PerMetric]
+    """``B-A``, ``B-C``, ``B-oracle``, … -> metric -> paired-bootstrap difference"""
+    paired_by_tier: dict[str, dict[str, Interval]] = {}
+    """``B-A``, ``B-C`` -> tier -> PassRate difference (absent from documents written before it)"""
+    ratios: dict[str, Ratios]
+    R: dict[str, RTable]
+    forgetting: dict[str, dict[str, float]]
+    forward_transfer: dict[str, dict[str, float]]
+    unlock_cycles: dict[str, int]
+    diagnostics: dict[str, ArmDiagnostics]
+    loop: list[CycleSummary]
+    judge: BenchJudge | None = None
+
+
+class SameRun(Document):
+    """A suite variant that is another by construction (not run)."""
+
+    same_as: str
+    why: str
+
+
+class VariantRow(Document):
+    """A suite variant's (or the untrained model's) last-cycle numbers."""
+
+    metrics: PerMetric
+    R: RTable
+    vs_untrained: PerMetric | None = None
+    """paired against the untrained model on the same episodes (None: the untrained row)"""
+    vs_full: PerMetric | None = None
+    """paired against the full recipe (None: the full recipe and the untrained row)"""
+    forgetting: dict[str, float] | None = None
+    pairs: list[dict[str, int]] = []
+    """pairs kept per track, per cycle"""
+    excluded: list[dict[str, int]] = []
+    groups_with_reward_variance: float | None = None
+    """GRPO: the share of groups whose rewards were not all equal"""
+
+
+class SuiteDoc(Document):
+    """``<suite>/suite.json``: a methods or ablations suite (:func:`socialworld.bench.protocol.run_suite`)."""
+
+    schema_version: Literal["suite-v2"] = SUITE_SCHEMA
+    version: str
+    metrics_contract: str
+    suite: str
+    config: dict[str, Any]
+    preset: dict[str, Any]
+    full: str
+    """the variant without overrides, the others' comparison"""
+    variants: dict[str, VariantRow | SameRun]
+    """the untrained model's row first, then each variant's"""
+
+
+def read_bench(path: str | Path) -> BenchDoc:
+    """A ``bench.json`` of any version (a folder: its ``bench.json``); a malformed one raises naming the file."""
+    path = Path(path)
+    return read_document(path / "bench.json" if path.is_dir() else path, BenchDoc)
+
+
+def read_suite(path: str | Path) -> SuiteDoc:
+    """A ``suite.json`` of any version (a folder: its ``suite.json``); a malformed one raises naming the file."""
+    path = Path(path)
+    return read_document(path / "suite.json" if path.is_dir() else path, SuiteDoc)
