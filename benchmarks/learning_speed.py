@@ -48,7 +48,8 @@ from socialworld.agents.models import auto_dtype, bundled_path, load_hf
 from socialworld.agents.registry import make_lm_policy, make_policy
 from socialworld.bench.config import RECIPE_SLEEP, RECIPE_TRAIN, VALUES_SLEEP
 from socialworld.learn.loop import train_seeds
-from socialworld.learn.sleep import GatingReport, reference_pairs
+from socialworld.learn.pairs.gating import GatingReport
+from socialworld.learn.pairs.sources import Unit, reference_pairs
 from socialworld.learn.train import compute_dtype, train_adapter
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.runner import EpisodeJob, run_episodes
@@ -91,7 +92,7 @@ def main() -> None:
 
     # training rows: the expert's own actions at its states on one training seed per scenario
     refs = run_episodes(make_policy("expert"), [EpisodeJob(s, train_seeds(0, s.id, 1, 1)[0]) for s in specs.values()])
-    pairs = [p for e in refs for p in reference_pairs(specs[e.scenario_id], e, RECIPE_SLEEP, GatingReport())]
+    pairs = [p for e in refs for p in reference_pairs(Unit(specs[e.scenario_id], e), RECIPE_SLEEP, GatingReport())]
     row_tokens = [tokens(p.prompt + p.chosen) for p in pairs]
     completion_tokens = [len(tok(p.chosen[0]["content"], add_special_tokens=False)["input_ids"]) for p in pairs]
     recipe = replace(RECIPE_TRAIN, steps=args.steps, max_epochs=0)
@@ -101,7 +102,7 @@ def main() -> None:
 
     # the value recipe: every candidate's value at the same states, then the listwise objective on them
     t0 = time.perf_counter()
-    valued = [p for e in refs for p in reference_pairs(specs[e.scenario_id], e, VALUES_SLEEP, GatingReport())]
+    valued = [p for e in refs for p in reference_pairs(Unit(specs[e.scenario_id], e), VALUES_SLEEP, GatingReport())]
     values_wall = time.perf_counter() - t0
     continuations = sum(len(p.candidates or ()) for p in valued) * VALUES_SLEEP.rollouts
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,7 +7,7 @@ expert reference episodes per scenario, the default preset's sleep, a local Ray 
 * a counterfactual evaluation = one continuation rollout (fork, reseed, step the candidate,
   then the continuation policy for up to ``horizon`` steps); counted in the one-process pass
   (the Ray pass does the same work: its pairs are checked equal);
-* the sleep pass = :func:`socialworld.learn.sleep.candidate_pairs` then screening and gating, as the
+* the sleep pass = :func:`socialworld.learn.pairs.sleep.candidate_pairs` then screening and gating, as the
   loop runs it (``bench.RECIPE_SLEEP``: DAgger labels at the wake's states, the expert's own
   actions at the reference states, dialogue and counterfactual-utterance pairs);
 * the projection: the measured one-process seconds per scored episode of each kind, times the
@@ -26,8 +26,10 @@ from collections import defaultdict
 from socialworld.agents.models import cpu_description
 from socialworld.agents.registry import make_policy
 from socialworld.bench.config import PRESETS, RECIPE_SLEEP
-from socialworld.learn import sleep
-from socialworld.learn.sleep import GatingReport, candidate_pairs, screen_and_gate
+from socialworld.learn.pairs import sources
+from socialworld.learn.pairs.gating import GatingReport, screen_and_gate
+from socialworld.learn.pairs.sleep import _score, candidate_pairs
+from socialworld.learn.pairs.sources import SOURCES, SleepInputs
 from socialworld.rollout.runner import EpisodeJob, run_episodes
 from socialworld.world.spec import resolve_scenarios
 
@@ -56,7 +58,8 @@ def main() -> None:
           f"({sum(len(e.steps) for e in refs.values())} steps); {cfg.provenance}, <= {cfg.max_candidates} candidates/step")
 
     calls = [0]
-    inner = sleep.rollout_returns
+    inner = sources.rollout_returns
+    inputs = SleepInputs(by_id, wake, refs)
 
     def counted(*a, **k):
         out = inner(*a, **k)
@@ -65,20 +68,18 @@ def main() -> None:
 
     # one process, per kind: seconds per scored episode
     per_kind: dict[str, list[float]] = defaultdict(list)
-    sleep.rollout_returns = counted
-    units = [("action", by_id[e.scenario_id], e) for e in wake] + [("reference", by_id[k[0]], r) for k, r in sorted(refs.items())]
-    units += [("dialogue", by_id[e.scenario_id], e, refs[(e.scenario_id, e.seed)]) for e in wake]
-    units += [("utterance", by_id[e.scenario_id], e) for e in wake]
+    sources.rollout_returns = counted
+    units = [(name, u) for name in KINDS if name in cfg.sources for u in SOURCES[name].units(inputs, GatingReport())]
     for u in units:
         t0 = time.perf_counter()
-        sleep._score(cfg, u)
+        _score(cfg, u)
         per_kind[u[0]].append(time.perf_counter() - t0)
     evaluations = calls[0]
-    sleep.rollout_returns = inner
+    sources.rollout_returns = inner
 
     report = GatingReport()
     t0 = time.perf_counter()
-    pairs = candidate_pairs(by_id, wake, refs, cfg, report)
+    pairs = candidate_pairs(inputs, cfg, report)
     kept = screen_and_gate(pairs, cfg, report)
     one = time.perf_counter() - t0
     print(f"one process: {one:.1f} s, {evaluations} counterfactual evaluations -> {evaluations / one:.0f}/s; "
@@ -96,7 +97,7 @@ def main() -> None:
         start = time.perf_counter() - t0
         ray_report = GatingReport()
         t0 = time.perf_counter()
-        ray_pairs = candidate_pairs(by_id, wake, refs, cfg, ray_report, ray="local")
+        ray_pairs = candidate_pairs(inputs, cfg, ray_report, ray="local")
         screen_and_gate(ray_pairs, cfg, ray_report)
         on_ray = time.perf_counter() - t0
         ray.shutdown()
@@ -109,7 +110,7 @@ def main() -> None:
     paper = PRESETS["paper"]
     n_scen, cycles = 8, 3
     counts = {"action": paper.train_episodes * n_scen, "reference": max(paper.train_episodes, paper.reference_episodes) * n_scen,
-              "dialogue": paper.train_episodes * n_scen, "utterance": paper.train_episodes * n_scen if cfg.utterance_pairs else 0}
+              "dialogue": paper.train_episodes * n_scen, "utterance": paper.train_episodes * n_scen if "utterance" in cfg.sources else 0}
     cost = {k: sum(v) / len(v) for k, v in per_kind.items() if v}
     total = cycles * sum(counts[k] * cost.get(k, 0.0) for k in KINDS)
     tasks = cycles * sum(counts.values())

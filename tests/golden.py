@@ -3,7 +3,7 @@
 Per shipped scenario and seed: the episode records of the expert, the oracle and the random
 policy (canonical JSONL, :func:`socialworld.records.to_jsonl`), and the counterfactual action
 pairs the sleep phase scores from the random policy's episodes against the expert's (a default
-:class:`~socialworld.learn.sleep.SleepConfig` with reference pairs at the expert's states), and which
+:class:`~socialworld.learn.pairs.SleepConfig` with reference pairs at the expert's states), and which
 of them screening and gating keep. (The pair hashes were rewritten once, when pairs gained
 ``chosen_by`` as pair-v3, and again when they gained ``candidates`` and ``legal`` as pair-v4;
 ``pairs-as-v2/<scenario id>`` and ``pairs-as-v3/<scenario id>`` hash the same pairs as those formats
@@ -19,7 +19,8 @@ from pathlib import Path
 
 from socialworld.agents.registry import make_policy
 from socialworld.learn.config import SleepConfig
-from socialworld.learn.sleep import run_sleep
+from socialworld.learn.pairs.sleep import run_sleep
+from socialworld.learn.pairs.sources import SleepInputs
 from socialworld.records import atomic_write_text, to_jsonl
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.runner import EpisodeJob, run_episodes
@@ -46,10 +47,10 @@ def run_hashes() -> dict[str, str]:
         for sid in specs:
             out[f"{name}/{sid}"] = _sha(to_jsonl([e for e in eps if e.scenario_id == sid]))
     reference = {(e.scenario_id, e.seed): e for e in episodes["expert"]}
-    cfg = SleepConfig(reference_pairs="own")
+    cfg = SleepConfig(sources=("action", "reference", "dialogue", "utterance", "judge"), reference_chosen="own")
     for sid in specs:
         wake = [e for e in episodes["random"] if e.scenario_id == sid]
-        result = run_sleep(specs, wake, {k: v for k, v in reference.items() if k[0] == sid}, cfg)
+        result = run_sleep(SleepInputs(specs, wake, {k: v for k, v in reference.items() if k[0] == sid}), cfg)
         out[f"pairs/{sid}"] = _sha("\n".join(p.model_dump_json() for p in result.candidates))
         # the same pairs as pair-v2 wrote them (no chosen_by): equal to the hashes stored before pair-v3
         out[f"pairs-as-v2/{sid}"] = _sha("\n".join(

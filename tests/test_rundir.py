@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from socialworld.rundir import RunDir, cycle_files, cycle_number, loop_cycles
+from socialworld.layout import cycle_files, cycle_number, loop_cycles
+from socialworld.rundir import RunDir
 
 
 def test_produce_commit_and_resume(tmp_path):
@@ -41,18 +42,20 @@ def test_produce_commit_and_resume(tmp_path):
     again.write_config({"cycles": 3}, may_grow=("cycles",))
     with pytest.raises(ValueError, match="different config"):
         again.write_config({"cycles": 2}, may_grow=("cycles",))
-    # fields added to the code since the run was written compare at their defaults, at any depth
-    again.write_config({"cycles": 3, "train": {"lr": 1}}, defaults={"train": {"lr": 1}})
-    again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0}}, defaults={"train": {"lr": 2, "w": 1.0}})
+    # the stored file is compared in the form it is read in (an earlier version's, migrated), then rewritten in ours
+    again.write_config({"cycles": 3, "train": {"lr": 1}}, read=lambda old, path: {**old, "train": {"lr": 1}})
+    renamed = {"cycles": 3, "train": {"rate": 1}}
+    again.write_config(renamed, read=lambda old, path: {**old, "train": {"rate": old["train"]["lr"]}})
+    assert "rate" in (tmp_path / "r" / "config.yaml").read_text()
+    with pytest.raises(ValueError, match="refused"):  # a reader may refuse a run it cannot continue
+        again.write_config(renamed, read=lambda old, path: (_ for _ in ()).throw(ValueError(f"{path.name}: refused")))
     with pytest.raises(ValueError, match="different config"):
-        again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0, "x": 0}}, defaults={"train": {"x": 1}})
-    with pytest.raises(ValueError, match="different config"):
-        again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0}, "new": 0})
+        again.write_config({**renamed, "new": 0})
     # where the folder is, is not what it makes: runs/r/ or a moved folder resumes (the rest still compared)
-    again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0}, "out": "runs/r"})
-    again.write_config({"cycles": 3, "train": {"lr": 1, "w": 1.0}, "out": "./elsewhere/r/"})
+    again.write_config({**renamed, "out": "runs/r"})
+    again.write_config({**renamed, "out": "./elsewhere/r/"})
     with pytest.raises(ValueError, match="different config"):
-        again.write_config({"cycles": 4, "train": {"lr": 1, "w": 1.0}, "out": "runs/r"})
+        again.write_config({**renamed, "cycles": 4, "out": "runs/r"})
     with pytest.raises(ValueError, match="inputs not in the manifest"):
         again.produce("b.txt", "x", write_file, inputs=["nope"])
     assert not (tmp_path / "r" / "b.txt").exists()
@@ -69,53 +72,6 @@ def test_a_crash_mid_write_leaves_nothing(tmp_path):
         run.produce("x.txt", "test", crash)
     assert not (tmp_path / "x.txt").exists() and not run.complete("x.txt")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
-
-
-def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
-    """A run folder scored under metrics-v1 (its config has no metrics_contract) is never resumed
-    by a version that scores under metrics-v2: its numbers would be mixed with ours."""
-    from socialworld.learn.config import LoopConfig
-    from socialworld.learn.loop import config_doc
-
-    doc = config_doc(LoopConfig(out=str(tmp_path)), {})
-    assert doc["metrics_contract"] == "metrics-v2"
-    legacy = {k: v for k, v in doc.items() if k != "metrics_contract"}
-    RunDir(tmp_path).write_config(legacy)
-    with pytest.raises(ValueError, match="scored under metrics-v1.*metrics-v2"):
-        RunDir(tmp_path).write_config(doc)
-    RunDir(tmp_path / "new").write_config(doc)
-    RunDir(tmp_path / "new").write_config(doc)  # same contract: resumes
-
-
-def test_a_run_of_another_pair_format_is_refused(tmp_path):
-    """A run whose action pairs ended at the ACTION line (pair-v1: its config has no pair_schema)
-    is neither resumed nor re-gated by a version that writes pair-v4: replay would mix the two."""
-    from socialworld.learn.config import LoopConfig
-    from socialworld.learn.loop import config_doc, regate
-
-    doc = config_doc(LoopConfig(out=str(tmp_path)), {})
-    assert doc["pair_schema"] == "pair-v4"
-    RunDir(tmp_path).write_config({k: v for k, v in doc.items() if k != "pair_schema"})
-    with pytest.raises(ValueError, match="training pairs are pair-v1, this version writes pair-v4"):
-        RunDir(tmp_path).write_config(doc)
-    with pytest.raises(ValueError, match="pair-v1, this version builds pair-v4"):
-        regate(tmp_path, 1, {})
-
-
-def test_reuse_from_a_run_of_another_metrics_contract_is_refused(tmp_path):
-    from socialworld.learn.config import LoopConfig
-    from socialworld.learn.loop import _reusable, config_doc
-    from socialworld.metrics.core import ContractMismatch
-
-    src = RunDir(tmp_path / "old")
-    cfg = LoopConfig(out=str(tmp_path / "old"))
-    legacy = {k: v for k, v in config_doc(cfg, {}).items() if k != "metrics_contract"}
-    src.write_config(legacy)
-    (src.root / "note.txt").write_text("x")
-    src.commit("note.txt", "test")  # a manifest: a run folder
-    mine = LoopConfig(out=str(tmp_path / "new"), reuse_from=str(src.root))
-    with pytest.raises(ContractMismatch, match="scored under metrics-v1"):
-        _reusable(mine, config_doc(mine, {}))
 
 
 def test_an_input_made_again_differently_remakes_what_was_built_from_it(tmp_path):

@@ -24,7 +24,6 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -33,13 +32,6 @@ import yaml
 from socialworld.records import TMP_MARK, atomic_write_text
 
 MANIFEST_VERSION = "manifest-v1"
-CONTRACT_KEY = "metrics_contract"
-"""the config key naming the metrics contract a run is scored under (a stored config without it: v1)"""
-LEGACY_CONTRACT = "metrics-v1"
-PAIRS_KEY = "pair_schema"
-"""the config key naming the format of a run's training pairs (a stored config without it: pair-v1,
-whose action turns end at the ACTION line)"""
-LEGACY_PAIRS = "pair-v1"
 LOCATION_KEYS = ("out",)
 """config keys that say where the run folder is, not what it makes: never compared on resume (the
 folder is where ``config.yaml`` lies; ``runs/a/``, ``./runs/a`` or a moved folder resume as ``runs/a``)"""
@@ -73,15 +65,6 @@ def sha256_path(path: Path) -> str:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
-
-
-def with_defaults(doc: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` with every key it lacks taken from ``defaults``, recursively into nested dicts."""
-    out = dict(defaults) | doc
-    for k, v in defaults.items():
-        if isinstance(v, dict) and isinstance(doc.get(k), dict):
-            out[k] = with_defaults(doc[k], v)
-    return out
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], skip: Sequence[str] = (), prefix: str = "") -> list[tuple[str, Any, Any]]:
@@ -123,27 +106,23 @@ class RunDir:
 
     # ------------------------------------------------------------------ config
 
-    def write_config(self, config: dict[str, Any], may_grow: Sequence[str] = (), defaults: dict[str, Any] | None = None) -> None:
+    def write_config(self, config: dict[str, Any], may_grow: Sequence[str] = (),
+                     read: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None) -> None:
         """Write ``config.yaml``; a resumed run must have the same config (else a clear error),
         except that the top-level integer fields named in ``may_grow`` may increase (a finished
         loop extended by more cycles: the earlier artifacts do not depend on the later ones) and
-        ``LOCATION_KEYS`` are not compared.
-        A field the stored config lacks (added to the code since) counts as its value in
-        ``defaults``, at any depth. Called when a run starts (or resumes): it then removes the
+        ``LOCATION_KEYS`` are not compared. ``read(stored, path)`` reads the stored file's mapping
+        in the form ``config`` has (an earlier version's migrated) and may refuse it (a run this
+        code cannot continue); the file is then written in ``config``'s form.
+        Called when a run starts (or resumes): it then removes the
         temporary names a killed run left (:func:`remove_leftovers`) — not when a folder is only
         opened to be read, which another process may be writing."""
         path = self.root / "config.yaml"
         text = yaml.safe_dump(config, sort_keys=True)
         if path.exists():
-            old, new = with_defaults(yaml.safe_load(path.read_text()), defaults or {}), yaml.safe_load(text)
-            theirs, ours = old.get(CONTRACT_KEY, LEGACY_CONTRACT), new.get(CONTRACT_KEY, LEGACY_CONTRACT)
-            if theirs != ours:
-                raise ValueError(f"{path}: this run was scored under {theirs}, this version scores under {ours}; "
-                                 "numbers of different metrics contracts are never mixed: use a new run folder")
-            theirs, ours = old.get(PAIRS_KEY, LEGACY_PAIRS), new.get(PAIRS_KEY, LEGACY_PAIRS)
-            if theirs != ours:
-                raise ValueError(f"{path}: this run's training pairs are {theirs}, this version writes {ours}; "
-                                 "pairs of different formats are never mixed (replay, resumed training): use a new run folder")
+            old, new = yaml.safe_load(path.read_text()), yaml.safe_load(text)
+            if read is not None:
+                old = read(old, path)
             skip = [k for k in may_grow if isinstance(old.get(k), int) and isinstance(new.get(k), int) and new[k] > old[k]]
             skip += LOCATION_KEYS  # where the folder is, not what it makes
             if {k: v for k, v in old.items() if k not in skip} != {k: v for k, v in new.items() if k not in skip}:
@@ -231,79 +210,3 @@ class RunDir:
         except (OSError, ValueError):  # absent or damaged: times are a convenience, never a reason to stop a run
             return {}
         return doc if isinstance(doc, dict) else {}
-
-
-@dataclass(frozen=True)
-class CycleFiles:
-    """Where a loop run keeps cycle ``c``'s artifacts, relative to the run folder: the paths the
-    loop writes and the bench, ``gate`` and :func:`socialworld.agents.models.find_adapters` read."""
-
-    c: int
-
-    @property
-    def root(self) -> str:
-        return f"cycle-{self.c}"
-
-    @property
-    def wake(self) -> str:
-        """the deployed policy's episodes on training seeds"""
-        return f"{self.root}/wake/episodes.jsonl"
-
-    @property
-    def reference(self) -> str:
-        """the continuation policy's episodes on training seeds"""
-        return f"{self.root}/wake/reference.jsonl"
-
-    @property
-    def wake_judged(self) -> str:
-        """an LM judge's record of the wake and reference episodes"""
-        return f"{self.root}/wake/judge.jsonl"
-
-    @property
-    def sleep(self) -> str:
-        """the sleep phase's folder: pairs per track and ``gating.json``"""
-        return f"{self.root}/sleep"
-
-    def pairs(self, track: str) -> str:
-        return f"{self.sleep}/pairs-{track}.parquet"
-
-    @property
-    def gating(self) -> str:
-        return f"{self.sleep}/gating.json"
-
-    def adapter(self, name: str) -> str:
-        """the LoRA adapter trained this cycle for ``name`` (a track, or ``merged``)"""
-        return f"{self.root}/train/{name}/adapter"
-
-    @property
-    def eval(self) -> str:
-        """the deployed policy's episodes on evaluation seeds (cycle 0: the untrained policy)"""
-        return f"{self.root}/eval/episodes.jsonl"
-
-    @property
-    def summary(self) -> str:
-        return f"{self.root}/summary.json"
-
-
-def cycle_files(c: int) -> CycleFiles:
-    """The paths of cycle ``c`` in a loop run folder."""
-    return CycleFiles(c)
-
-
-BENCH_LOOP = "loop"
-"""the loop run's folder inside a bench run folder"""
-_CYCLE = re.compile(r"cycle-(\d+)")
-
-
-def cycle_number(folder: str | Path) -> int | None:
-    """``c`` when ``folder`` is named as cycle ``c``'s folder (:attr:`CycleFiles.root`), else None."""
-    m = _CYCLE.fullmatch(Path(folder).name)
-    return int(m.group(1)) if m else None
-
-
-def loop_cycles(run_dir: str | Path) -> list[int]:
-    """The cycles whose folders a loop run folder holds, in order (none for any other folder)."""
-    root = Path(run_dir)
-    if not root.is_dir():
-        return []
-    return sorted(c for d in root.iterdir() if d.is_dir() and (c := cycle_number(d)) is not None)

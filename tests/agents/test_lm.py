@@ -22,7 +22,7 @@ from socialworld.agents.lm.prompts import build_messages, parse_output  # noqa: 
 from socialworld.agents.models import load_hf, parse_model_spec  # noqa: E402
 from socialworld.agents.registry import make_policy  # noqa: E402
 from socialworld.core import Action  # noqa: E402
-from socialworld.learn.sleep import recorded_action  # noqa: E402
+from socialworld.learn.pairs.counterfactual import recorded_action  # noqa: E402
 from socialworld.records import EpisodeRecord, record_from_json, record_json  # noqa: E402
 from socialworld.rollout.runner import EpisodeJob, run_episodes  # noqa: E402
 from socialworld.testing import drive, tiny_spec  # noqa: E402

@@ -8,6 +8,7 @@ import pytest
 pytestmark = [pytest.mark.skipif(not find_spec("trl"), reason="needs the train extra"), pytest.mark.slow]  # three wake-sleep-train cycles with TRL on a tiny model
 
 from socialworld.bench.config import PRESETS, BenchConfig
+from socialworld.bench.document import SameRun, SuiteDoc, VariantRow  # noqa: E402
 from socialworld.bench.protocol import run_bench, run_suite  # noqa: E402
 from socialworld.bench.report import suite_markdown  # noqa: E402
 from socialworld.rundir import RunDir  # noqa: E402
@@ -79,10 +80,11 @@ def test_methods_suite_shares_the_untrained_data(tiny, tmp_path):
         assert _overridden(tmp_path / "s" / "methods", name, "M4-full") == _expected(over), name
     # M2 trains GRPO on the steps' exact returns and says how many of its groups had a gradient at all
     # (its groups are the policy's own turns sampled under the reply grammar: legal moves that lead apart)
-    share = doc["variants"]["M2-grpo"]["groups_with_reward_variance"]
-    assert 0 < share <= 1 and all(doc["variants"][n]["groups_with_reward_variance"] is None for n in ("M1-sft", "M4-full"))
-    assert "vs_full" in doc["variants"]["M1-sft"] and "vs_full" not in doc["variants"]["M4-full"]
-    assert list(doc["variants"]) == ["M0-untrained", "M1-sft", "M2-grpo", "M3-dpo-trajectory-ungated", "M4-full"]
+    rows = {n: v for n, v in doc.variants.items() if isinstance(v, VariantRow)}
+    share = rows["M2-grpo"].groups_with_reward_variance
+    assert share is not None and 0 < share <= 1 and all(rows[n].groups_with_reward_variance is None for n in ("M1-sft", "M4-full"))
+    assert rows["M1-sft"].vs_full is not None and rows["M4-full"].vs_full is None
+    assert list(doc.variants) == ["M0-untrained", "M1-sft", "M2-grpo", "M3-dpo-trajectory-ungated", "M4-full"]
     manifest = json.loads((tmp_path / "s" / "methods" / "M1-sft" / "manifest.json").read_text())["artifacts"]
     assert manifest["cycle-1/wake/episodes.jsonl"]["producer"].startswith("copied:")  # from M4-full, which ran first
     assert "| M2-grpo |" in (tmp_path / "s" / "methods" / "report.md").read_text()
@@ -94,12 +96,12 @@ def test_methods_suite_shares_the_untrained_data(tiny, tmp_path):
     stale = json.loads((suite / "suite.json").read_text())
     stale["variants"]["M2-grpo"]["groups_with_reward_variance"] = 0.123456
     (suite / "suite.json").write_text(json.dumps(stale))
-    (suite / "report.md").write_text(suite_markdown(stale) + "\n")
+    (suite / "report.md").write_text(suite_markdown(SuiteDoc.model_validate(stale)) + "\n")
     run = RunDir(suite)
     run.commit("suite.json", "suite")
     run.commit("report.md", "report", inputs=["suite.json"])
     assert "0.12" in (suite / "report.md").read_text() and run_suite(cfg, "methods", log=lambda _: None) == doc
-    assert json.loads((suite / "suite.json").read_text()) == json.loads(json.dumps(doc)) and (suite / "report.md").read_text() == report
+    assert (suite / "suite.json").read_text() == doc.to_json() and (suite / "report.md").read_text() == report
 
 
 def test_bench_smoke_on_a_user_scenario_file(tiny, tmp_path, my_lunch):
@@ -115,7 +117,7 @@ def test_bench_smoke_on_a_user_scenario_file(tiny, tmp_path, my_lunch):
     cap = PRESETS["smoke"].max_turns
     assert all(0 < len(e.steps) <= cap for e in res.per_cycle["B"][2])
     assert (tmp_path / "b" / "loop" / "scenarios" / "my_lunch-v1.yaml").is_file()
-    assert res.doc["config"]["scenarios"] == ["my_lunch-v1", "book_club"]
+    assert res.doc.config["scenarios"] == ["my_lunch-v1", "book_club"]
     # resumed by id without the file: nothing re-run, the same document
     mine = load_spec(my_lunch)
     my_lunch.unlink()
@@ -134,19 +136,19 @@ def test_bench_smoke_on_a_user_scenario_file(tiny, tmp_path, my_lunch):
 def test_bench_with_a_judge_reports_it_beside_the_rule_metrics(tiny, tmp_path):
     cfg = BenchConfig(out=str(tmp_path / "j"), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000, judge=tiny)
     res = run_bench(cfg, log=lambda _: None)
-    judge = res.doc["judge"]
-    assert judge["judge"] == tiny and set(judge["arms"]) == {"A", "B", "C", "oracle", "random"}
-    for arm, j in judge["arms"].items():
+    judge = res.doc.judge
+    assert judge is not None and judge.judge == tiny and set(judge.arms) == {"A", "B", "C", "oracle", "random"}
+    for arm, j in judge.arms.items():
         assert j["episodes"] == len(res.per_cycle[arm][1]) and j["judged"] + j["endpoint_failures"] + j["unparseable"] == j["episodes"]
         assert j["source"] == "proxy"
     # its agreement with the world over every two arms' episodes of one task (5 arms: 10 pairs a task)
-    agreement = judge["agreement"]
+    agreement = judge.agreement
     assert agreement["compared"] + agreement["world_ties"] == 10 * len(res.per_cycle["B"][1])
     assert "Against the world: of " in (tmp_path / "j" / "report.md").read_text()
     plain = run_bench(BenchConfig(**{**cfg.__dict__, "out": str(tmp_path / "p"), "judge": ""}), log=lambda _: None)
     # the static arms' rule metrics do not move (B's sleep may train on judge-ranked dialogue pairs)
-    assert {a: m for a, m in plain.doc["main"].items() if a != "B"} == {a: m for a, m in res.doc["main"].items() if a != "B"}
-    assert "judge" not in plain.doc
+    assert {a: m for a, m in plain.doc.main.items() if a != "B"} == {a: m for a, m in res.doc.main.items() if a != "B"}
+    assert plain.doc.judge is None
     assert "LM judge" in (tmp_path / "j" / "report.md").read_text() and "LM judge" not in (tmp_path / "p" / "report.md").read_text()
     assert (tmp_path / "j" / "loop" / "cycle-1" / "wake" / "judge.jsonl").is_file()  # B's sleep had the judge too
     logs: list[str] = []
@@ -174,7 +176,7 @@ def test_a_dead_proxy_endpoint_stops_the_bench_instead_of_scoring_arm_c(tiny, tm
 def test_ablations_suite_lets_proxy_pairs_in_only_in_e2_and_does_not_run_a_variant_that_cannot_differ(tiny, tmp_path):
     from socialworld.bench.protocol import SUITES, variant_config
     from socialworld.learn.loop import run_loop
-    from socialworld.learn.sleep import read_pairs
+    from socialworld.learn.pairs.record import read_pairs
     from socialworld.records import read_jsonl
     from socialworld.testing import stub_endpoint
 
@@ -188,7 +190,7 @@ def test_ablations_suite_lets_proxy_pairs_in_only_in_e2_and_does_not_run_a_varia
         cfg = BenchConfig(out=str(tmp_path / "a"), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000,
                           judge=f"openai:j@{url}")
         doc = run_suite(cfg, "ablations", log=logs.append)
-        rows, runs = doc["variants"], tmp_path / "a" / "ablations"
+        rows, runs = doc.variants, tmp_path / "a" / "ablations"
         # strict gating (E0) kept the judge's action pairs out; E2 admits exactly those
         gating = json.loads((runs / "E0-full" / "cycle-1" / "sleep" / "gating.json").read_text())
         n = gating["excluded"]["action:proxy_evidence"]
@@ -198,9 +200,9 @@ def test_ablations_suite_lets_proxy_pairs_in_only_in_e2_and_does_not_run_a_varia
         extra = e2.keys() - e0.keys()
         assert e0.keys() <= e2.keys() and len(extra) == n and {e2[i].evidence["ranking"] for i in extra} == {"proxy"}
         # E5 at E0's own threshold cannot differ: the suite says so instead of reporting a tie, and does not run it
-        same = {name for name, v in rows.items() if "same_as" in v}
+        same = {name for name, v in rows.items() if isinstance(v, SameRun)}
         assert "E5-threshold-0.5" in same and same <= {"E5-threshold-0.3", "E5-threshold-0.5", "E5-threshold-0.7"}
-        assert rows["E5-threshold-0.5"]["same_as"] == "E0-full" and not (runs / "E5-threshold-0.5").exists()
+        assert getattr(rows["E5-threshold-0.5"], "same_as") == "E0-full" and not (runs / "E5-threshold-0.5").exists()
         assert any("E5-threshold-0.5 is E0-full by construction" in m for m in logs)
         assert "E5-threshold-0.5 is E0-full by construction" in (runs / "report.md").read_text()
         # ... and run anyway, it is E0 step for step

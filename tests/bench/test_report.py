@@ -11,13 +11,14 @@ from socialworld.bench.config import BenchConfig
 from socialworld.bench.document import read_bench
 from socialworld.bench.protocol import bench_document, remake_reports
 from socialworld.bench.report import markdown, write_reports
+from socialworld.layout import cycle_files
 from socialworld.learn.loop import CycleSummary
 from socialworld.metric_registry import KEYS
 from socialworld.metrics.core import aggregate
 from socialworld.records import Message, PromptRec, atomic_write_text, write_jsonl
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.runner import EpisodeJob, run_episodes
-from socialworld.rundir import RunDir, cycle_files
+from socialworld.rundir import RunDir
 from socialworld.world.spec import resolve_scenarios
 
 TIERS = {1: ["L0"], 2: ["L0", "L1"]}

@@ -63,11 +63,12 @@ def test_loop_options_reach_the_config(monkeypatch):
     seen = []
     monkeypatch.setattr("socialworld.learn.loop.run_loop", lambda cfg, **_: seen.append(cfg) or [])
     r = runner.invoke(app, ["loop", "--method", "sft", "--steps", "7", "--lora-r", "8", "--lora-alpha", "16",
-                            "--target-modules", "q_proj,up_proj", "--label-gate", "disagree", "--out", "x"])
+                            "--target-modules", "q_proj,up_proj", "--wake-chosen", "label", "--sources", "action,reference", "--out", "x"])
     assert r.exit_code == 0, r.output
     (cfg,) = seen
     assert (cfg.train.method, cfg.train.steps, cfg.train.lora_r, cfg.train.lora_alpha) == ("sft", 7, 8, 16)
-    assert cfg.train.target_modules == ("q_proj", "up_proj") and cfg.sleep.label_gate == "disagree"
+    assert cfg.train.target_modules == ("q_proj", "up_proj") and cfg.sleep.wake_chosen == "label"
+    assert cfg.sleep.sources == ("action", "reference")
 
 
 FILE_CASES = [  # (id, how to make the path, the error after "error: <path>: ")
@@ -242,7 +243,9 @@ def test_bad_options_fail_in_one_line_before_any_work(args, says, tmp_path, monk
     (["loop", "--method", "dpoo"], "Invalid value for '--method': Value error, 'dpoo' is not one of 'dpo', 'sft', 'grpo'"),
     (["loop", "--unlock", "bogus"], "Invalid value for '--unlock'"),
     (["loop", "--gating", "bogus"], "Invalid value for '--gating'"),
-    (["loop", "--reference-pairs", "bogus"], "Invalid value for '--reference-pairs'"),
+    (["loop", "--reference-chosen", "bogus"], "Invalid value for '--reference-chosen'"),
+    (["loop", "--sources", "action,bogus"], "--sources: 'bogus' is not one of action, reference, dialogue, utterance, judge"),
+    (["loop", "--sources", "action,action"], "sources: must name each pair source once"),
     (["bench", "--preset", "bogus"], "Invalid value for '--preset'"),
     (["bench", "--suite", "bogus"], "Invalid value for '--suite'"),
     (["foresee", "--refine", "bogus"], "Invalid value for '--refine'"),
@@ -303,7 +306,7 @@ def test_loop_reruns_a_stored_config(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr("socialworld.learn.loop.run_loop", lambda cfg, **_: seen.append(cfg) or [])
     stored = LoopConfig(out=str(tmp_path / "a"), cycles=2, tiers=("L0", "L1"))
-    stored = replace(stored, sleep=replace(stored.sleep, q_margin=0.2, utterance_pairs=False),
+    stored = replace(stored, sleep=replace(stored.sleep, q_margin=0.2, sources=("action", "dialogue")),
                      train=replace(stored.train, method="sft", balance=3))
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config_doc(stored, {})))
@@ -316,7 +319,7 @@ def test_loop_reruns_a_stored_config(tmp_path, monkeypatch):
     # a file's values pass the options' checks: a scalar where a list goes, a number written as text, a typo in a choice
     doc = config_doc(stored, {})
     doc["tiers"], doc["train"]["learning_rate"] = "L1", "1e-4"
-    del doc["train"]["dtype"]  # a run written before the field: it resumes as the code then behaved (float32)
+    del doc["train"]["dtype"], doc["config_version"]  # a v1 run written before the field: it resumes as the code then behaved (float32)
     path.write_text(yaml.safe_dump(doc))
     seen.clear()
     assert runner.invoke(app, ["loop", "--config", str(path)]).exit_code == 0
@@ -440,7 +443,7 @@ def test_help_keeps_bracketed_text():
 def test_list_options_split_on_commas_but_paths_do_not(monkeypatch, tmp_path):
     seen = []
     monkeypatch.setattr("socialworld.learn.loop.run_loop", lambda cfg, **_: seen.append(cfg) or [])
-    monkeypatch.setattr("socialworld.world.spec.run_scenarios", lambda *a, **k: None)
+    monkeypatch.setattr("socialworld.learn.scenarios.run_scenarios", lambda *a, **k: None)
     r = runner.invoke(app, ["loop", "--tiers", "L0,L1", "--tiers", "L2", "--tracks", "action", "--scenario", "a,b.yaml", "--out", "x"])
     assert r.exit_code == 0, r.output
     assert seen[0].tiers == ("L0", "L1", "L2") and seen[0].tracks == ("action",) and seen[0].scenarios == ("a,b.yaml",)

@@ -6,7 +6,8 @@ from socialworld.agents.registry import make_policy
 from socialworld.core import Action, Decision
 from socialworld.learn.config import SleepConfig
 from socialworld.learn.fit import action_fit
-from socialworld.learn.sleep import GatingReport, action_pairs
+from socialworld.learn.pairs.gating import GatingReport
+from socialworld.learn.pairs.sources import Unit, action_pairs
 from socialworld.rollout.runner import EpisodeJob, run_episodes
 
 
@@ -20,8 +21,8 @@ def labels(lunch):
     """Plain-DAgger pairs at one random episode's states: chosen = the expert's label, rejected =
     what the random policy did (they differ at every kept step)."""
     ep = run_episodes(make_policy("random", seed=3), [EpisodeJob(lunch, 11)])[0]
-    cfg = SleepConfig(rollouts=1, horizon=4, max_candidates=6, wake_chosen="continuation", label_gate="disagree")
-    pairs = action_pairs(lunch, ep, cfg, GatingReport())
+    cfg = SleepConfig(rollouts=1, horizon=4, max_candidates=6, wake_chosen="label")
+    pairs = action_pairs(Unit(lunch, ep), cfg, GatingReport())
     assert len(pairs) >= 5 and len({p.step for p in pairs}) == len(pairs)
     return ep, pairs
 
@@ -101,7 +102,7 @@ def test_fit_command_reads_a_pairs_file(lunch, labels, tmp_path):
     from typer.testing import CliRunner
 
     from socialworld.cli.main import app
-    from socialworld.learn.sleep import write_pairs
+    from socialworld.learn.pairs.record import write_pairs
 
     _, pairs = labels
     path = tmp_path / "pairs-action.parquet"
@@ -126,13 +127,13 @@ def test_fit_finds_a_user_scenario_in_its_run_or_given_file(my_lunch, tmp_path):
     from typer.testing import CliRunner
 
     from socialworld.cli.main import app
-    from socialworld.learn.sleep import write_pairs
+    from socialworld.learn.pairs.record import write_pairs
     from socialworld.world.spec import capped, load_spec, spec_yaml
 
     mine = capped(load_spec(my_lunch), 6)  # as in a run with max_turns 6: its snapshots need the capped spec
     ep = run_episodes(make_policy("random", seed=3), [EpisodeJob(mine, 11)])[0]
-    cfg = SleepConfig(rollouts=1, horizon=2, max_candidates=4, wake_chosen="continuation", label_gate="disagree")
-    pairs = action_pairs(mine, ep, cfg, GatingReport())
+    cfg = SleepConfig(rollouts=1, horizon=2, max_candidates=4, wake_chosen="label")
+    pairs = action_pairs(Unit(mine, ep), cfg, GatingReport())
     assert pairs and {p.scenario_id for p in pairs} == {"my_lunch-v1"}
     want = action_fit(make_policy("expert"), pairs, {mine.id: mine}).as_dict()
     # inside a run folder: the run's stored copy at the run's turn cap, no file needed

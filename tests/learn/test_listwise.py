@@ -6,7 +6,7 @@ from importlib.util import find_spec
 
 import pytest
 
-from socialworld.learn.sleep import Candidate, Pair
+from socialworld.learn.pairs.record import Candidate, Pair
 from socialworld.text.reply import render_turn
 
 needs_torch = pytest.mark.skipif(find_spec("peft") is None, reason="needs the train extra")

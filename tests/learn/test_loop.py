@@ -19,6 +19,7 @@ from socialworld.learn.config import (
     TrainConfig,  # noqa: E402
 )
 from socialworld.learn.loop import run_loop, train_seeds  # noqa: E402
+from socialworld.learn.pairs.sources import SleepInputs
 from socialworld.rollout.evaluate import episode_seeds  # noqa: E402
 from socialworld.text.templates import POLICY_PROMPT_VERSION  # noqa: E402
 
@@ -47,7 +48,8 @@ def test_unlocking_schedules():
 @slow
 def test_progressive_merged_loop(tiny_dir, tmp_path):
     cfg = replace(_cfg(tiny_dir, tmp_path / "m"), tiers=("L0", "L1"), unlock="progressive", merged=True, baseline=False)
-    cfg = replace(cfg, reference_episodes=2, sleep=replace(cfg.sleep, replay=1.0, reference_pairs="own"))
+    cfg = replace(cfg, reference_episodes=2, sleep=replace(cfg.sleep, replay=1.0, sources=("action", "reference", "dialogue", "utterance", "judge"),
+                                                                   reference_chosen="own"))
     out = run_loop(cfg, log=lambda _: None)
     # the expert plays reference_episodes training seeds per scenario; one wake episode each
     refs = [json.loads(line) for line in (tmp_path / "m" / "cycle-1/wake/reference.jsonl").read_text().splitlines()]
@@ -55,7 +57,7 @@ def test_progressive_merged_loop(tiny_dir, tmp_path):
     wake = [json.loads(line) for line in (tmp_path / "m" / "cycle-1/wake/episodes.jsonl").read_text().splitlines()]
     assert len(wake) == len(refs) // 2
     # cycle 2 replays what cycle 1 kept: its pair files hold cycle 1's pairs too
-    from socialworld.learn.sleep import read_pairs
+    from socialworld.learn.pairs.record import read_pairs
     kept1 = {p.id for t in ("action", "dialogue") for p in read_pairs(tmp_path / "m" / f"cycle-1/sleep/pairs-{t}.parquet")}
     kept2 = {p.id for t in ("action", "dialogue") for p in read_pairs(tmp_path / "m" / f"cycle-2/sleep/pairs-{t}.parquet")}
     assert out[0].replayed == {} and sum(out[1].replayed.values()) == len(kept1 & kept2) > 0
@@ -87,7 +89,7 @@ def test_loop_runs_resumes_and_matches_after_a_kill(tiny_dir, tmp_path, monkeypa
     # the dialogue adapter starts from the action adapter its cycle trained (the action turns carry the words)
     assert ("cycle-1", "action", None) in starts and any(t == "dialogue" for _, t, _ in starts)
     assert all(r == str(tmp_path / "a" / c / "train/action/adapter") for c, t, r in starts if t == "dialogue")
-    from socialworld.learn.sleep import read_pairs
+    from socialworld.learn.pairs.record import read_pairs
 
     for c, t, _ in starts:  # ... and trains on its pairs together with that cycle's action turns
         if t == "dialogue":
@@ -259,7 +261,7 @@ def test_loop_on_a_user_scenario_file(tiny_dir, tmp_path, my_lunch):
     from typer.testing import CliRunner
 
     from socialworld.cli.main import app
-    from socialworld.learn.sleep import read_pairs
+    from socialworld.learn.pairs.record import read_pairs
     from socialworld.records import read_jsonl
     from socialworld.world.spec import load_spec
 
@@ -268,7 +270,7 @@ def test_loop_on_a_user_scenario_file(tiny_dir, tmp_path, my_lunch):
     cfg = replace(_cfg(tiny_dir, run), cycles=1, scenarios=(str(my_lunch),))
     # pairs from the expert's reference episode too: the world alone decides them, where the random
     # model's wake may give no step the rollouts can improve (it gave none on one CI machine's CPU)
-    cfg = replace(cfg, sleep=replace(cfg.sleep, reference_pairs="own"))
+    cfg = replace(cfg, sleep=replace(cfg.sleep, sources=("action", "reference", "dialogue", "utterance", "judge"), reference_chosen="own"))
     full = run_loop(cfg, log=lambda _: None)
     for rel in ("cycle-0/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl", "cycle-1/eval/episodes.jsonl"):
         eps = read_jsonl(run / rel)
@@ -321,7 +323,7 @@ def test_one_cycle_raises_the_chosen_actions_probability(tiny_dir, tmp_path):
     from socialworld.agents.models import load_hf, load_with_adapters
     from socialworld.bench.config import RECIPE_SLEEP, RECIPE_TRAIN
     from socialworld.learn.fit import chosen_action_logprobs
-    from socialworld.learn.sleep import read_pairs
+    from socialworld.learn.pairs.record import read_pairs
 
     cfg = LoopConfig(out=str(tmp_path / "r"), model=str(tiny_dir), cycles=1, tiers=("L0",), train_episodes=1, reference_episodes=2,
                      eval_episodes=1, lm_batch_size=8, baseline=False, dialogue_steps=2,
@@ -351,7 +353,7 @@ def test_one_listwise_cycle_raises_the_higher_valued_candidates(tiny_dir, tmp_pa
     from socialworld.agents.models import load_hf, load_with_adapters
     from socialworld.bench.config import RECIPE_TRAIN, VALUES_SLEEP
     from socialworld.learn.listwise import candidate_logprobs, targets
-    from socialworld.learn.sleep import read_pairs
+    from socialworld.learn.pairs.record import read_pairs
 
     train = replace(RECIPE_TRAIN, steps=30, learning_rate=1e-2, max_length=1024)
     cfg = LoopConfig(out=str(tmp_path / "r"), model=str(tiny_dir), cycles=1, tiers=("L0",), train_episodes=1, reference_episodes=2,
@@ -373,7 +375,9 @@ def test_one_listwise_cycle_raises_the_higher_valued_candidates(tiny_dir, tmp_pa
 def test_a_loop_with_a_judge_keeps_its_pairs_out_of_the_action_track(tiny_dir, tmp_path):
     """``--judge``: the judge's records are a run artifact; pairs ranked by it carry proxy evidence,
     so strict gating counts them out of the action track."""
-    from socialworld.learn.sleep import GatingReport, candidate_pairs, read_pairs
+    from socialworld.learn.pairs.gating import GatingReport
+    from socialworld.learn.pairs.record import read_pairs
+    from socialworld.learn.pairs.sleep import candidate_pairs
     from socialworld.records import read_jsonl
     from socialworld.rollout.judge import read_judged
     from socialworld.world.spec import load_builtin_scenarios
@@ -387,8 +391,7 @@ def test_a_loop_with_a_judge_keeps_its_pairs_out_of_the_action_track(tiny_dir, t
     assert set(judged) == {e.episode_id for e in [*wake, *ref]} and all(r.judge == str(tiny_dir) for r in judged.values())
     # every wake episode was ranked against its reference: a pair, or a counted reason for none
     report = GatingReport()
-    made = candidate_pairs(load_builtin_scenarios(), wake, {(e.scenario_id, e.seed): e for e in ref}, cfg.sleep, report,
-                           judged=judged)
+    made = candidate_pairs(SleepInputs(load_builtin_scenarios(), wake, {(e.scenario_id, e.seed): e for e in ref}, judged=judged), cfg.sleep, report)
     ranked = [p for p in made if p.evidence["ranking"] == "proxy"]
     assert len(ranked) + sum(v for k, v in report.excluded.items() if k.startswith("judge:")) == len(wake)
     pairs = [p for t in ("action", "dialogue") for p in read_pairs(d / "sleep" / f"pairs-{t}.parquet")]

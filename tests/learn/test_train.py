@@ -9,7 +9,8 @@ slow = pytest.mark.slow  # ~35 s of TRL training on 2 cores: run by CI's `pytest
 
 from socialworld.agents.registry import make_policy  # noqa: E402
 from socialworld.learn.config import SleepConfig, TrainConfig
-from socialworld.learn.sleep import GatingReport, action_pairs  # noqa: E402
+from socialworld.learn.pairs.gating import GatingReport  # noqa: E402
+from socialworld.learn.pairs.sources import Unit, action_pairs
 from socialworld.learn.train import (  # noqa: E402
     TRAIN_RECORD,
     TrainRecord,
@@ -29,7 +30,7 @@ from socialworld.rollout.runner import EpisodeJob, run_episodes  # noqa: E402
 def pairs(specs):
     lunch = specs["team_lunch-v1"]
     ep = run_episodes(make_policy("random", seed=3), [EpisodeJob(lunch, 12)])[0]  # a seed with 4+ pairs
-    ps = action_pairs(lunch, ep, SleepConfig(rollouts=1, horizon=4, max_candidates=6), GatingReport())
+    ps = action_pairs(Unit(lunch, ep), SleepConfig(rollouts=1, horizon=4, max_candidates=6), GatingReport())
     assert len(ps) >= 4
     return ps
 
@@ -60,7 +61,7 @@ def test_balance_repeats_rare_kinds_up_to_the_cap():
 
 
 def test_balanced_dataset_from_pairs_and_parquet(pairs, tmp_path):
-    from socialworld.learn.sleep import write_pairs
+    from socialworld.learn.pairs.record import write_pairs
     from socialworld.learn.train import _dataset
 
     # the last pair's chosen turn made a rare kind
@@ -84,7 +85,7 @@ def _lora_b(path):
 
 @slow
 def test_dpo_trains_saves_and_resumes_trainable(tiny_dir, pairs, tmp_path):
-    from socialworld.learn.sleep import write_pairs
+    from socialworld.learn.pairs.record import write_pairs
 
     cfg = TrainConfig(method="dpo", steps=2, batch_size=2, learning_rate=1e-2, max_length=512)
     write_pairs(tmp_path / "pairs.parquet", pairs)
@@ -194,7 +195,7 @@ def test_adapter_hash_is_the_same_across_processes_and_hash_seeds(tiny_dir, pair
     import subprocess
     import sys
 
-    from socialworld.learn.sleep import write_pairs
+    from socialworld.learn.pairs.record import write_pairs
 
     write_pairs(tmp_path / "pairs.parquet", pairs)
     code = ("import sys; from socialworld.learn.train import TrainConfig, train_adapter; "
@@ -254,7 +255,7 @@ def test_grpo_rewards_are_the_steps_exact_returns_reproducibly(specs, pairs):
     """With the sleep phase's continuations (M2's reward) every legal move of a group is scored by
     where it leads, not by its one step: more moves get told apart, the same way on every call."""
     from socialworld.learn.config import PairBuild
-    from socialworld.learn.sleep import rollout_returns
+    from socialworld.learn.pairs.counterfactual import rollout_returns
     from socialworld.world.engine import World
     from socialworld.world.visibility import legal_actions, observe
 

@@ -4,7 +4,10 @@ import pytest
 
 from socialworld.agents.registry import make_policy
 from socialworld.learn.config import SleepConfig
-from socialworld.learn.sleep import GatingReport, candidate_pairs, write_pairs
+from socialworld.learn.pairs.gating import GatingReport
+from socialworld.learn.pairs.record import write_pairs
+from socialworld.learn.pairs.sleep import candidate_pairs
+from socialworld.learn.pairs.sources import SleepInputs
 from socialworld.records import write_jsonl
 from socialworld.rollout.config import check_ray
 from socialworld.rollout.runner import EpisodeJob, run_episodes
@@ -53,11 +56,11 @@ def _wake_and_reference(specs):
 @pytest.mark.slow
 def test_sleep_scoring_on_ray_equals_one_process(specs, local_ray, tmp_path):
     specs2, wake, ref = _wake_and_reference(specs)
-    cfg = SleepConfig(reference_pairs="own", wake_chosen="continuation", label_gate="disagree")
+    cfg = SleepConfig(sources=("action", "reference", "dialogue", "utterance", "judge"), reference_chosen="own", wake_chosen="label")
     out = {}
     for name, ray in (("one", ""), ("ray", local_ray)):
         report, ticks = GatingReport(), []
-        pairs = candidate_pairs(specs2, wake, ref, cfg, report, progress=lambda what, n: ticks.append, ray=ray)
+        pairs = candidate_pairs(SleepInputs(specs2, wake, ref), cfg, report, progress=lambda what, n: ticks.append, ray=ray)
         write_pairs(tmp_path / f"{name}.parquet", pairs)
         out[name] = (pairs, report.as_dict(), len(ticks))
     assert out["ray"][0] == out["one"][0] and len(out["one"][0]) > 10
@@ -87,7 +90,8 @@ def test_a_loop_on_ray_makes_the_same_artifacts(tiny_dir, local_ray, tmp_path):
     from socialworld.rundir import RunDir
 
     base = LoopConfig(model=str(tiny_dir), cycles=1, tiers=("L0",), train_episodes=1, reference_episodes=2, eval_episodes=1,
-                      lm_batch_size=4, max_turns=4, sleep=SleepConfig(rollouts=1, horizon=3, max_candidates=4, reference_pairs="own"),
+                      lm_batch_size=4, max_turns=4, sleep=SleepConfig(rollouts=1, horizon=3, max_candidates=4, sources=("action", "reference", "dialogue", "utterance", "judge"),
+                                                                                   reference_chosen="own"),
                       train=TrainConfig(method="sft", steps=1, batch_size=2, max_length=1024))
     from socialworld.records import read_jsonl
 
@@ -119,10 +123,10 @@ def test_suite_variants_on_ray_give_the_same_suite(tiny_dir, tmp_path, local_ray
     docs = {}
     for name, ray in (("one", ""), ("ray", local_ray)):
         cfg = BenchConfig(out=str(tmp_path / name), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000, ray=ray)
-        docs[name] = run_suite(cfg, "methods", log=lambda _: None)
-        docs[name]["config"].pop("out")
-    assert json.dumps(docs["ray"], sort_keys=True) == json.dumps(docs["one"], sort_keys=True)
-    assert list(docs["ray"]["variants"]) == ["M0-untrained", "M1-sft", "M2-grpo", "M3-dpo-trajectory-ungated", "M4-full"]
+        doc = run_suite(cfg, "methods", log=lambda _: None)
+        docs[name] = doc.model_copy(update={"config": {k: v for k, v in doc.config.items() if k != "out"}}).to_json()
+    assert docs["ray"] == docs["one"]
+    assert list(json.loads(docs["ray"])["variants"]) == ["M0-untrained", "M1-sft", "M2-grpo", "M3-dpo-trajectory-ungated", "M4-full"]
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import pytest
 from socialworld.agents.registry import make_policy
 from socialworld.core import Action
 from socialworld.learn.config import SleepConfig
-from socialworld.learn.sleep import _say, rollout_returns
+from socialworld.learn.pairs.counterfactual import rollout_returns, templated
 from socialworld.testing import drive
 from socialworld.world.engine import World
 from socialworld.world.imagine import imagine
@@ -50,7 +50,7 @@ def test_imagined_values_never_depend_on_hidden_preferences(lunch):
     acts = [Action.parse(k) for k in ("propose(time, t1200, all)", "propose(time, t1300, all)", "wait()")]
     for a in acts:
         key = ("t", 1)
-        assert rollout_returns(w, _say(w, a), cfg, key) == rollout_returns(other, _say(other, a), cfg, key)
+        assert rollout_returns(w, templated(w, a), cfg, key) == rollout_returns(other, templated(other, a), cfg, key)
     true = replace(cfg, values="true")
-    assert any(rollout_returns(w, _say(w, a), true, ("t", 1)) != rollout_returns(other, _say(other, a), true, ("t", 1))
+    assert any(rollout_returns(w, templated(w, a), true, ("t", 1)) != rollout_returns(other, templated(other, a), true, ("t", 1))
                for a in acts), obs

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from socialworld.layout import BENCH_LOOP, cycle_files, cycle_number, loop_cycles
 from socialworld.records import shareable
-from socialworld.rundir import BENCH_LOOP, cycle_files, cycle_number, loop_cycles
 
 SCRIPTED = ("random", "expert", "oracle")
 """The scripted policies' names; any other spec string names a language model."""

@@ -9,15 +9,16 @@ from typing import Literal
 
 from socialworld.agents.models import parse_model_spec
 from socialworld.config import SHARE, FieldError, at_least, check_fields
+from socialworld.layout import BENCH_LOOP
 from socialworld.learn.config import LoopConfig, SleepConfig, TrainConfig
 from socialworld.metrics.lifelong import TIERS
 from socialworld.rollout.config import RAY_HELP, check_judge, check_ray
-from socialworld.rundir import BENCH_LOOP
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-RECIPE_SLEEP = SleepConfig(reference_pairs="own", wake_chosen="continuation", label_gate="disagree", replay=0.5,
+RECIPE_SLEEP = SleepConfig(sources=("action", "reference", "dialogue", "utterance", "judge"), reference_chosen="own",
+                           wake_chosen="label", replay=0.5,
                            discount=0.9, rollouts=4, template_cap=24)
 """The sleep that teaches (DAgger): the expert's own actions at its states on training seeds, the
 expert's label at every state of the policy's wake where it disagrees, and earlier cycles' pairs
@@ -143,7 +144,3 @@ class BenchConfig:
                           adaptive_threshold=self.adaptive_threshold, scenarios=self.scenario_names(), max_turns=p.max_turns,
                           sleep=p.sleep, train=p.train, dialogue_steps=p.dialogue_steps, ray=self.ray, judge=self.judge)
         return replace(base, **over)
-
-
-BENCH_ADDED_FIELDS = {"scenarios": [], "user_scenarios": {}, "judge": ""}
-"""Config fields added after bench runs were written (see ``socialworld.learn.config.LOOP_ADDED_FIELDS``)."""

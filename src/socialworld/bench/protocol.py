@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 from socialworld.agents.lm.backends import EndpointFailure
 from socialworld.agents.models import SCRIPTED
-from socialworld.bench.config import BENCH_ADDED_FIELDS, PRESETS, BenchConfig
+from socialworld.bench.config import PRESETS, BenchConfig
 from socialworld.bench.document import (
     ArmDiagnostics,
     BenchDoc,
@@ -40,17 +40,20 @@ from socialworld.bench.document import (
     read_bench,
     read_suite,
 )
+from socialworld.layout import BENCH_LOOP, cycle_files
 from socialworld.learn.config import LoopConfig
 from socialworld.learn.loop import (
-    EXECUTION_FIELDS,
     CycleSummary,
     Progress,
     check_model,
     check_unlockable,
     config_doc,
+    read_resumed,
     regate,
     run_loop,
 )
+from socialworld.learn.runconfig import EXECUTION_FIELDS
+from socialworld.learn.scenarios import RunScenarios, run_scenarios
 from socialworld.learn.train import read_train_record
 from socialworld.metric_registry import KEYS, PASS
 from socialworld.metrics.core import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate, group_by
@@ -62,8 +65,8 @@ from socialworld.rollout.evaluate import episode_seeds, first_endpoint_error
 from socialworld.rollout.judge import checked_judgement, judge_agreement, judge_episodes, read_judged, summarise, write_judged
 from socialworld.rollout.runner import EpisodeJob
 from socialworld.rollout.scale import pmap, ray_init, rollouts
-from socialworld.rundir import BENCH_LOOP, RunDir, cycle_files
-from socialworld.world.spec import RunScenarios, capped, run_scenarios
+from socialworld.rundir import RunDir
+from socialworld.world.spec import capped
 
 BENCH_VERSION = "ascent-bench-v1"
 REFERENCES = ("oracle", "random")
@@ -116,7 +119,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
     if cfg.ray:
         ray_init(cfg.ray)  # a wrong address fails here, not after the first cycles
     run = RunDir(cfg.out)
-    run.write_config(config_doc(recorded(cfg, scenarios), scenarios.user), defaults=BENCH_ADDED_FIELDS)
+    run.write_config(config_doc(recorded(cfg, scenarios), scenarios.user), read=read_resumed)
     summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
     jobs = eval_jobs(cfg, scenarios)
     for arm, spec in arm_policies(cfg).items():
@@ -287,7 +290,7 @@ SUITES: dict[str, dict[str, dict]] = {
         # M1 and M3 keep the step budget of the cloning recipe they were written for (an SFT or DPO step
         # on a plain adapter reads the whole prompt with gradient: about three times an activated step)
         "M1-sft": {"tracks": ("action",), "train": {"method": "sft", "activated": False, "steps": 130},
-                   "sleep": {"wake_chosen": "best", "label_gate": "margin", "replay": 0.0}},
+                   "sleep": {"wake_chosen": "best", "replay": 0.0}},
         "M2-grpo": {"train": {"method": "grpo", "steps": 20, "learning_rate": 1e-4, "activated": False}, "tracks": ("action",),
                     "sleep": {"gating": "off", "replay": 0.0}},
         "M3-dpo-trajectory-ungated": {"train": {"method": "dpo", "learning_rate": 1e-4, "activated": False, "steps": 130},
@@ -406,7 +409,7 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
     cfg_doc = config_doc(recorded(cfg, scenarios), scenarios.user)
     first = variant_config(cfg, suite, full, reuse_from="")
     check_model(first)  # before the run folder: a judge or model that does not load fails now
-    run.write_config(cfg_doc, defaults=BENCH_ADDED_FIELDS)
+    run.write_config(cfg_doc, read=read_resumed)
     log(f"{suite}: {full}")
     runs = {full: run_loop(first, log=log, progress=progress)}  # the untrained artifacts the others reuse
     configs = {name: variant_config(cfg, suite, name, reuse_from=first.out) for name in SUITES[suite] if name != full}

@@ -15,7 +15,7 @@ import json
 from typing import Any, Callable, Sequence
 
 from socialworld.bench.document import BenchDoc, SameRun, SuiteDoc, VariantRow
-from socialworld.metric_registry import KEYS, METRICS, PASS, SOLVE, metric
+from socialworld.metric_registry import KEYS, METRICS, PASS, SIGNAL_KEYS, SOLVE, metric
 from socialworld.metrics.stats import Interval
 from socialworld.records import EpisodeRecord
 from socialworld.rundir import RunDir
@@ -378,7 +378,7 @@ def viewer_episode(arm: str, cycle: int, ep: EpisodeRecord, intern: Callable[[st
         "seed": str(ep.seed),  # a string: JavaScript's numbers round 63-bit seeds (and the page would name another episode)
         "budget": ep.steps[0].setting.turn_budget if ep.steps else None,
         "passed": bool(m.passed) if m else None,
-        "metrics": {k: {"value": getattr(m, k).value, "source": getattr(m, k).source} for k in ("U", "A_e", "S_npc", "D", "CR")} if m else {},
+        "metrics": {k: {"value": getattr(m, k).value, "source": getattr(m, k).source} for k in SIGNAL_KEYS} if m else {},
         "steps": [{
             "t": s.setting.step,
             "observation": s.observation.text,

@@ -13,15 +13,15 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from socialworld.bench.config import BENCH_ADDED_FIELDS, BenchConfig
+from socialworld.bench.config import BenchConfig
 from socialworld.cli.console import Table, console, quiet_libraries, run_log, say
 from socialworld.cli.options import config_command, fail, require
 from socialworld.cli.progress import bars, with_bars
 from socialworld.config import SHARE, at_least, within
-from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig
+from socialworld.learn.config import LoopConfig
+from socialworld.learn.runconfig import RECORDED_KEYS, migrate
 from socialworld.metric_registry import CR, KEYS, METRICS, PASS, SOLVE, D
 from socialworld.rollout.config import EvalConfig, help_for
-from socialworld.rundir import CONTRACT_KEY, PAIRS_KEY
 from socialworld.swm.config import ChainConfig, ForeseeConfig, TomConfig
 from socialworld.text.templates import JUDGE_DIMENSIONS
 from socialworld.world.spec import ScenarioError, load_builtin_scenarios, resolve_scenarios
@@ -56,8 +56,6 @@ def adapters_help(option: str = "--policy") -> str:
 ADAPTERS_HELP = adapters_help()
 
 
-RECORDED_KEYS = ("user_scenarios", CONTRACT_KEY, PAIRS_KEY)
-"""what a run's config.yaml records beside the config's fields (read by --config, not options)"""
 _ADAPTERS = _param("adapters", str, typer.Option("", help=ADAPTERS_HELP))
 _JSON = _param("as_json", bool, typer.Option(False, "--json", help="print one JSON document instead of tables"))
 
@@ -219,7 +217,7 @@ def _run_loop(cfg) -> None:
 
 
 config_command(app, "loop", LoopConfig, _run_loop, aliases={"scenarios": "--scenario"}, ignore=RECORDED_KEYS,
-               added=LOOP_ADDED_FIELDS)
+               migrate=migrate)
 
 
 @app.command("gate")
@@ -346,7 +344,7 @@ def _run_bench(cfg, suite: str = "main") -> None:
 
 
 config_command(app, "bench", BenchConfig, _run_bench, aliases={"scenarios": "--scenario"}, ignore=RECORDED_KEYS,
-               added=BENCH_ADDED_FIELDS, extra=[
+               migrate=migrate, extra=[
     _param("suite", Literal["main", "methods", "ablations"], typer.Option(
         "main", help="main (arms A, B, C and references), methods (M0-M4) or ablations (E0-E6; with the bundled model "
                      "as --judge unless one is named, so E2 has proxy evidence to admit)"))])

@@ -11,9 +11,9 @@ field's ``metadata["help"]`` and whose default is the default config's value.
   another field of the tree has that name; then it is prefixed with its parent (``--sleep-seed``).
 - ``--config FILE`` reads a stored config (a run's ``config.yaml``, or any YAML/JSON with the
   config's fields): its values replace the defaults and options given on the command line win.
-  A file's values pass the same type and choice checks; a field the file lacks takes the value the
-  command's ``added`` map gives it (a field added to the code after the run: the value that
-  behaves as the code did), else the default.
+  A file's values pass the same type and choice checks. A stored run's file of an earlier version
+  is read in this version's form first (the command's ``migrate``: for ``loop`` and ``bench``,
+  :func:`socialworld.learn.runconfig.migrate`); a field the file lacks takes the default.
 """
 
 from __future__ import annotations
@@ -140,14 +140,18 @@ def config_params(cls: type, aliases: dict[str, str] | None = None) -> list[insp
     return ps
 
 
-def read_config_file(path: Path, cls: type, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+def read_config_file(path: Path, cls: type, ignore: tuple[str, ...] = (),
+                     migrate: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None) -> dict[str, Any]:
     """A stored config's fields, nested as in ``cls``; a key that is no field of ``cls`` fails,
-    naming the file and the key (``ignore`` lists recorded top-level keys that are not fields)."""
+    naming the file and the key (``ignore`` lists recorded top-level keys that are not fields;
+    ``migrate`` reads a stored run's file of an earlier version in this version's form)."""
     from socialworld.world.spec import read_yaml
 
     doc = read_yaml(path)  # a missing, unreadable or malformed file: one line naming it
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: a config file holds a mapping of field names to values")
+    if migrate is not None:
+        doc = migrate(doc, path)
 
     def check(c: type, d: dict, where: str) -> dict:
         fields = {f.name: f for f in dataclasses.fields(c)}
@@ -178,21 +182,19 @@ def _lookup(doc: dict, path: tuple[str, ...]) -> Any:
 
 def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None = None,
                  given: Callable[[str], bool] = lambda name: True, ignore: tuple[str, ...] = (),
-                 added: dict[str, Any] | None = None) -> Any:
+                 migrate: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None) -> Any:
     """The config from option values (by parameter name): a value given on the command line wins,
-    then ``config_file``'s (or, for a field the file lacks, ``added``'s), then the default
-    config's. The config's own checks run here."""
+    then ``config_file``'s (read through ``migrate``, see :func:`read_config_file`), then the
+    default config's. The config's own checks run here."""
     from pydantic import TypeAdapter, ValidationError
 
-    stored = read_config_file(config_file, cls, ignore) if config_file else {}
+    stored = read_config_file(config_file, cls, ignore, migrate) if config_file else {}
     flat: dict[tuple[str, ...], Any] = {}
     named: dict[tuple[str, ...], str] = {}  # each field as the user gave it: the option, or the file's key
     where: dict[tuple[str, ...], str] = {}  # ... and where it was given: the option, or the file and the key
     for leaf in leaves(cls):
         v = values[leaf.name]
         from_file = _lookup(stored, leaf.path) if config_file is not None and not given(leaf.name) else dataclasses.MISSING
-        if from_file is dataclasses.MISSING and config_file is not None and not given(leaf.name) and added:
-            from_file = _lookup(added, leaf.path)
         if from_file is not dataclasses.MISSING:
             if leaf.many and isinstance(from_file, (str, int, float)):
                 from_file = [from_file]
@@ -235,11 +237,11 @@ def build_config(cls: type, values: dict[str, Any], *, config_file: Path | None 
 
 def config_command(app: typer.Typer, name: str, cls: type, run: Callable[..., None], *,
                    extra: Sequence[inspect.Parameter] = (), aliases: dict[str, str] | None = None,
-                   ignore: tuple[str, ...] = (), added: dict[str, Any] | None = None) -> None:
+                   ignore: tuple[str, ...] = (), migrate: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None) -> None:
     """Register command ``name``: its options are config type ``cls``'s fields (plus ``extra``); it
     builds the config (a bad value fails here, before any work) and calls ``run(cfg, **extra
     values)``, which imports what the command uses. ``ignore``: keys a stored config records beside
-    the fields; ``added``: the values of fields a stored config may lack (see :func:`build_config`)."""
+    the fields; ``migrate``: how a stored run's file of an earlier version reads (see :func:`build_config`)."""
     params = config_params(cls, aliases) + list(extra)
     extra_names = {p.name for p in extra}
     clash = extra_names & {leaf.name for leaf in leaves(cls)} | ({"config", "ctx"} & {leaf.name for leaf in leaves(cls)})
@@ -250,7 +252,7 @@ def config_command(app: typer.Typer, name: str, cls: type, run: Callable[..., No
         config_file = kw.pop("config")
         extras = {k: kw.pop(k) for k in list(kw) if k in extra_names}
         try:
-            cfg = build_config(cls, kw, config_file=config_file, ignore=ignore, added=added,
+            cfg = build_config(cls, kw, config_file=config_file, ignore=ignore, migrate=migrate,
                                given=lambda n: getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE")
         except (ValueError, TypeError) as err:
             fail(str(err))

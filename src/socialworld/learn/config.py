@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+PairSource = Literal["action", "reference", "dialogue", "utterance", "judge"]
+"""The pair sources (:data:`socialworld.learn.pairs.sources.SOURCES`), by name."""
+
 from socialworld.agents.models import TRACKS, parse_model_spec
 from socialworld.config import SHARE, FieldError, above, at_least, check_fields, within
 from socialworld.rollout.config import RAY_HELP, check_judge, check_ray
@@ -26,18 +29,17 @@ class PairBuild:
     max_candidates: int = field(default=12, metadata={"check": at_least(1), "help": "legal alternatives scored per step (besides the taken one)"})
     margin: float = field(default=0.05, metadata={"check": at_least(0), "help": "delta: least value gap between chosen and rejected"})
     q_margin: float = field(default=0.05, metadata={"check": at_least(0), "help": "dialogue track: least q_t gap"})
-    utterance_pairs: bool = field(default=True, metadata={
-        "help": "dialogue track: also pair the policy's words with the expert template's words for the same action at "
-                "each step it executed, both forked and rolled out"})
+    sources: tuple[PairSource, ...] = field(default=("action", "dialogue", "utterance", "judge"), metadata={
+        "help": "the pair sources, built in this order whatever the list's: action (counterfactual steps of each wake "
+                "episode), reference (of each reference episode), dialogue (a wake episode's words against its reference "
+                "episode's), utterance (the policy's words against the template's for the same action), judge (two "
+                "episodes an LM judge ranked; only with --judge)"})
     seed: int = field(default=0, metadata={"check": at_least(0), "help": "seed of the continuation reseeds"})
-    wake_chosen: Literal["best", "continuation"] = field(default="best", metadata={
-        "help": "chosen side of the action pairs at the wake policy's own states: best (the best candidate by rollouts) "
-                "or continuation (what the continuation policy does at that state, fed the episode's observations "
-                "in order: DAgger's expert label; kept only when the rollouts also favour it by margin)"})
-    label_gate: Literal["margin", "disagree"] = field(default="margin", metadata={
-        "help": "with wake_chosen=continuation: keep an expert label when the rollouts favour it over the policy's "
-                "action by margin (margin), or whenever it differs from the policy's action (disagree: plain DAgger; the quality threshold "
-                "does not apply to labels either)"})
+    wake_chosen: Literal["best", "label", "label_by_margin"] = field(default="best", metadata={
+        "help": "chosen side of the action source's pairs at the wake policy's own states: best (the best candidate by "
+                "rollouts); label (what the continuation policy does at that state, fed the episode's observations in "
+                "order: DAgger's expert label, kept whenever it differs from the policy's action, the quality threshold "
+                "not applied); label_by_margin (the label, kept only when the rollouts favour it by margin)"})
     judge_margin: float = field(default=2.0, metadata={"check": above(0),
         "help": "with an LM judge: least gap in its goal score (0-10) between two episodes of the same scenario and seed "
                 "for a judge-ranked pair at their first differing turn"})
@@ -45,13 +47,15 @@ class PairBuild:
         "help": "values of every scored candidate at each action pair's state, recorded on the pair (its candidates): off "
                 "(only what picks chosen and rejected); true (rollouts from the true state); imagined (each rollout in a "
                 "world whose NPC preferences are redrawn to agree with the public record: values an observation can support)"})
-    reference_pairs: Literal["off", "best", "own"] = field(default="off", metadata={
-        "help": "action pairs at the states of the reference (continuation-policy) episodes too: off; best (chosen = the "
-                "best candidate by rollouts); own (chosen = the reference's own action); rejected = a candidate at least "
-                "margin worse. They reach states a weak policy's own wake never visits"})
+    reference_chosen: Literal["best", "own"] = field(default="best", metadata={
+        "help": "chosen side of the reference source's pairs (at the states of the reference, continuation-policy, "
+                "episodes, which a weak policy's own wake never visits): best (the best candidate by rollouts) or own "
+                "(the reference's own action); rejected = a candidate at least margin worse"})
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if not self.sources or len(set(self.sources)) != len(self.sources):
+            raise FieldError("sources", f"must name each pair source once, and at least one; got {', '.join(self.sources) or 'none'}")
 
     @property
     def provenance(self) -> str:
@@ -63,7 +67,7 @@ class PairBuild:
 class Gating:
     """What screens and gates the candidates, and what replay adds to them: the settings a gating
     variant (``socialworld gate``) may change. (Gating also reads two :class:`PairBuild` fields:
-    ``label_gate``, whether labels skip the quality threshold, and ``seed``, replay's draw.)"""
+    ``wake_chosen``, whether labels skip the quality threshold, and ``seed``, replay's draw.)"""
 
     quality_threshold: float = field(default=0.5, metadata={"check": SHARE, "help": "least share of paired rollouts in which chosen beats rejected"})
     template_cap: int = field(default=6, metadata={"check": at_least(1), "help": "most pairs per template key (scenario, chosen action, rejected action)"})
@@ -84,7 +88,7 @@ class SleepConfig(Gating, PairBuild):
     (:class:`Gating`), one flat config (its fields are ``socialworld loop``'s options)."""
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        PairBuild.__post_init__(self)
 
     @property
     def build(self) -> PairBuild:
@@ -198,14 +202,3 @@ class LoopConfig:
             raise FieldError("model", "must be bundled or a model folder without adapters (the loop trains a local model), "
                              f"got {self.model!r}")
         check_judge(self.judge)
-
-
-LOOP_ADDED_FIELDS = {"max_turns": 0, "user_scenarios": {}, "reference_episodes": 0, "dialogue_steps": 0, "judge": "",
-                     "sleep": {"values": "off", "discount": 1.0, "reference_pairs": "off", "replay": 0.0, "wake_chosen": "best", "label_gate": "margin",
-                               "judge_margin": 2.0},
-                     "train": {"max_epochs": 0.0, "lora_upper": 1.0, "dtype": "float32", "balance": 0,
-                               "value_temperature": 0.05, "value_margin": 0.05,
-                               "decision_weight": 0.2, "activated": False, "flat_reward_patience": 0}}
-"""Config fields added after runs were written, each with the value that behaves as the code did
-before it: a stored config without one resumes as if it had that value. (Not every default
-qualifies: ``train.sft_weight`` defaults to 1.0, but runs before it trained plain DPO.)"""

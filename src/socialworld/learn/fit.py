@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 from socialworld.agents.lm.prompts import parse_output
 from socialworld.core import Action, Policy, PrivilegedPolicy
-from socialworld.learn.sleep import Pair
+from socialworld.learn.pairs.record import Pair
 from socialworld.text.reply import ACTION, split_turn
 from socialworld.world.engine import World
 from socialworld.world.spec import ScenarioSpec
@@ -125,8 +125,8 @@ def fit_file(pairs: str | Path, policy: str = "bundled", adapter: str | Path | N
 
     from socialworld.agents.models import SCRIPTED
     from socialworld.agents.registry import make_policy
-    from socialworld.learn.sleep import read_pairs
-    from socialworld.world.spec import specs_for
+    from socialworld.learn.pairs.record import read_pairs
+    from socialworld.learn.scenarios import specs_for
 
     if not Path(pairs).is_file():
         raise ValueError(f"{pairs}: no such pairs file")

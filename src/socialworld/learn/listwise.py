@@ -8,7 +8,7 @@ children there. So the policy's distribution over legal actions is
 
 (the trie's children of ``a``'s first j tokens; a node with one child contributes 1). This trainer
 fits that distribution to a soft target over the candidates the sleep phase scored
-(:attr:`socialworld.learn.sleep.Pair.candidates`, values from the simulator):
+(:attr:`socialworld.learn.pairs.Pair.candidates`, values from the simulator):
 
     support = {chosen} + {a : V(a) >= V(chosen) + value_margin}
     p(a) = exp(V(a) / value_temperature) / sum_{b in support} exp(V(b) / value_temperature)
@@ -61,7 +61,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from socialworld.agents.lm.constrained import activation_start, adapter_invocation
 from socialworld.learn.config import TrainConfig
-from socialworld.learn.sleep import Pair
+from socialworld.learn.pairs.record import Pair
 from socialworld.text.reply import ACTION, SAY, action_kind, reply_fields
 
 

@@ -29,9 +29,8 @@ on its own when resumed.
 
 from __future__ import annotations
 
-import json
 import shutil
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Final, Literal, Sequence
 
@@ -40,9 +39,15 @@ from pydantic import model_validator
 from socialworld.agents.lm.policy import SAY_TOKENS
 from socialworld.agents.models import TRACKS, check_loads, parse_model_spec
 from socialworld.agents.registry import make_policy
-from socialworld.learn.config import LOOP_ADDED_FIELDS, LoopConfig, PairBuild, SleepConfig, TrainConfig
+from socialworld.layout import SCENARIO_STORE, CycleFiles, cycle_files
+from socialworld.learn.config import LoopConfig, PairBuild, SleepConfig, TrainConfig
 from socialworld.learn.listwise import PromptKV
-from socialworld.learn.sleep import PAIR_SCHEMA, Gating, GatingReport, read_gating, read_pairs, run_sleep, screen_and_gate, write_pairs
+from socialworld.learn.pairs.gating import Gating, GatingReport, read_gating, screen_and_gate
+from socialworld.learn.pairs.record import PAIR_SCHEMA, read_pairs, write_pairs
+from socialworld.learn.pairs.sleep import run_sleep
+from socialworld.learn.pairs.sources import SleepInputs
+from socialworld.learn.runconfig import CONTRACT_KEY, PAIRS_KEY, RunConfig, check_compatible, migrate, read_stored
+from socialworld.learn.scenarios import RunScenarios, resolve_in_run, run_scenarios
 from socialworld.learn.train import check_target_modules, grpo_rows, read_train_record, train_adapter
 from socialworld.metric_registry import KEYS, PASS
 from socialworld.metrics.core import METRICS_CONTRACT, Aggregate, ContractMismatch, aggregate, group_by, require_contract
@@ -53,10 +58,10 @@ from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.judge import checked_judgement, judge_episodes, read_judged, write_judged
 from socialworld.rollout.runner import EpisodeJob, per_turn, run_episodes, turn_budget
 from socialworld.rollout.scale import ray_init, rollouts
-from socialworld.rundir import CONTRACT_KEY, LEGACY_CONTRACT, LEGACY_PAIRS, PAIRS_KEY, CycleFiles, RunDir, cycle_files, with_defaults
+from socialworld.rundir import RunDir
 from socialworld.text.templates import POLICY_PROMPT_VERSION
 from socialworld.world.rng import derive_seed
-from socialworld.world.spec import SCENARIO_STORE, RunScenarios, ScenarioError, ScenarioSpec, capped, resolve_scenarios, run_scenarios, spec_yaml
+from socialworld.world.spec import ScenarioError, ScenarioSpec, capped, spec_yaml
 
 JUDGE_MAX_ENDPOINT_FAILURES = 0.2
 """the loop stops (and retries when rerun) when its judge's endpoint gave no reply on more than this share of episodes"""
@@ -114,22 +119,20 @@ EVAL_KEYS = ("model", "tiers", "scenarios", "user_scenarios", "eval_episodes", "
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
 
 
-EXECUTION_FIELDS = ("ray", "max_endpoint_failures")
-"""config fields that change how a run executes, never its artifacts: left out of ``config.yaml``
-(``max_endpoint_failures`` decides whether an endpoint's arm is scored at all, so a rerun may
-loosen it)"""
+def config_doc(cfg: Any, user_scenarios: dict[str, str]) -> dict[str, Any]:
+    """What a run's ``config.yaml`` records (a loop's or a bench's, :class:`~socialworld.learn.runconfig.RunConfig`):
+    the config (its scenario names already the ones :func:`~socialworld.learn.scenarios.run_scenarios`
+    records: paths replaced by ids) and its user scenarios' hashes."""
+    return RunConfig(cfg, user_scenarios).document()
 
 
-def config_doc(cfg, user_scenarios: dict[str, str]) -> dict:
-    """What a run's ``config.yaml`` records (a loop's or a bench's): the config (its scenario names
-    already the ones :func:`~socialworld.world.spec.run_scenarios` records: paths replaced by ids),
-    ``user_scenarios`` (id -> content hash of each user scenario, stored in
-    ``RUN/scenarios/<id>.yaml``, so a changed file is never resumed silently) and the metrics
-    contract the run is scored under, and the format of its training pairs."""
-    doc = json.loads(json.dumps(asdict(cfg)))
-    for name in EXECUTION_FIELDS:  # how a run executes is not what it makes
-        doc.pop(name, None)
-    return doc | {"user_scenarios": user_scenarios, CONTRACT_KEY: METRICS_CONTRACT, PAIRS_KEY: PAIR_SCHEMA}
+def read_resumed(stored: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A resumed run's stored config in this version's form, refused when this code cannot
+    continue its run (:func:`~socialworld.learn.runconfig.check_compatible`): what
+    :meth:`RunDir.write_config <socialworld.rundir.RunDir.write_config>` compares with the run's."""
+    doc = migrate(stored, path)
+    check_compatible(doc, path)
+    return doc
 
 
 def _reusable(cfg: LoopConfig, mine: dict) -> tuple[RunDir, tuple[str, ...]]:
@@ -137,17 +140,15 @@ def _reusable(cfg: LoopConfig, mine: dict) -> tuple[RunDir, tuple[str, ...]]:
     before this run writes anything): the cycle-0 evaluation when model, scenarios, eval episodes and
     seed match; cycle 1's wake when, besides, the training episodes and cycle 1's tiers match. Each
     must be complete there, and made under this code's policy prompt."""
-    import yaml
 
     if not Path(cfg.reuse_from).is_dir():
         raise ValueError(f"--reuse-from {cfg.reuse_from}: no such folder")
     if not Path(cfg.reuse_from, "manifest.json").exists():
         raise ValueError(f"--reuse-from {cfg.reuse_from}: not a run folder (no manifest.json)")
     src = RunDir(cfg.reuse_from)
-    defaults = json.loads(json.dumps(asdict(LoopConfig()))) | {"user_scenarios": {}}  # a field added later has its default there
-    theirs = with_defaults(yaml.safe_load(src.path("config.yaml").read_text()), defaults)
-    if theirs.get(CONTRACT_KEY, LEGACY_CONTRACT) != METRICS_CONTRACT:
-        raise ContractMismatch(f"--reuse-from {cfg.reuse_from}: scored under {theirs.get(CONTRACT_KEY, LEGACY_CONTRACT)}, "
+    theirs = read_stored(src.path("config.yaml"))
+    if theirs.get(CONTRACT_KEY) != METRICS_CONTRACT:
+        raise ContractMismatch(f"--reuse-from {cfg.reuse_from}: scored under {theirs.get(CONTRACT_KEY)}, "
                                f"this version scores under {METRICS_CONTRACT}; its artifacts cannot be mixed with this run's")
     diff = [k for k in EVAL_KEYS if theirs.get(k) != mine[k]]
     if diff:
@@ -309,7 +310,7 @@ def start(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progres
     if cfg.ray:
         ray_init(cfg.ray)  # a wrong address fails here, before any artifact
     run = RunDir(cfg.out)
-    run.write_config(doc, may_grow=("cycles",), defaults=LOOP_ADDED_FIELDS)
+    run.write_config(doc, may_grow=("cycles",), read=read_resumed)
     for s in scenarios.specs:
         if s.id in scenarios.user:
             def store(p: Path, s: ScenarioSpec = s) -> None:
@@ -389,7 +390,7 @@ def sleep(loop: LoopRun, cycle: Cycle, woke: Wake) -> Gating:
 
     def write(folder: Path) -> None:
         old = [p for e in earlier for t in TRACKS for p in read_pairs(run.path(e.pairs(t)))]
-        result = run_sleep(loop.specs, woke.episodes, woke.reference, cfg.sleep, judged=woke.judged, earlier=old,
+        result = run_sleep(SleepInputs(loop.specs, woke.episodes, woke.reference, woke.judged), cfg.sleep, earlier=old,
                            replay_key=(cycle.number,), progress=loop.progress, ray=cfg.ray)
         kept, report = result.kept, result.report
         folder.mkdir()
@@ -410,7 +411,7 @@ def train(loop: LoopRun, cycle: Cycle) -> Trained:
     cycle's), or one ``merged`` adapter on both tracks' pairs deployed for both (ablation E1).
     The dialogue adapter starts from the deployed action adapter where there is one (this cycle's,
     or the previous one when the action track had no pairs; the action track's turns end in the
-    expert's words for their action, :mod:`socialworld.learn.sleep`, so it already writes them) and trains on the dialogue pairs together with that cycle's
+    expert's words for their action, :mod:`socialworld.learn.pairs`, so it already writes them) and trains on the dialogue pairs together with that cycle's
     action turns: a few pairs alone overwrite the words (the first cycle's seven, six of them
     ``wait()``, made it say "Let's give it a moment" after every action), and a dialogue adapter
     trained apart on its own pairs wrote belief-like text on a third of its SAY lines
@@ -486,19 +487,20 @@ def summarize(loop: LoopRun, cycle: Cycle, gating: Gating, trained: Trained, eva
 
 
 def stored_sleep_config(run_dir: str | Path) -> SleepConfig:
-    """The sleep settings a loop run was written with (fields added since filled by ``LOOP_ADDED_FIELDS``)."""
-    import yaml
-
+    """The sleep settings a loop run was written with (an earlier version's file migrated)."""
     path = Path(run_dir, "config.yaml")
     if not path.is_file():
         raise ValueError(f"{run_dir}: not a run folder (no config.yaml)")
-    doc = yaml.safe_load(path.read_text())
-    if not isinstance(doc, dict) or not isinstance(doc.get("sleep"), dict):
+    doc = read_stored(path)
+    if not isinstance(doc.get("sleep"), dict):
         inner = " (a bench keeps its loop in its loop/ folder)" if Path(run_dir, "loop", "config.yaml").is_file() else ""
         raise ValueError(f"{path}: not a loop run's config (no sleep settings){inner}")
-    added = LOOP_ADDED_FIELDS["sleep"]
-    assert isinstance(added, dict)
-    return SleepConfig(**with_defaults(doc["sleep"], added))
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(SleepConfig).validate_python(doc["sleep"])
+    except (ValidationError, ValueError) as err:
+        raise ValueError(f"{path}: sleep: {err}") from None
 
 
 def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) -> dict[str, dict]:
@@ -507,12 +509,10 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
     are the same; checked before any work): the gating ablation on exactly the same data, without training.
     Returns, per variant, its gating report, its kept pair ids, and whether they equal the run's
     (replay from earlier cycles is not redone: it only adds pairs those cycles kept)."""
-    import yaml
-
     run = RunDir(run_dir)
-    cfg_doc = yaml.safe_load(run.path("config.yaml").read_text())
-    if cfg_doc.get(PAIRS_KEY, LEGACY_PAIRS) != PAIR_SCHEMA:
-        raise ValueError(f"{run.root}: its training pairs are {cfg_doc.get(PAIRS_KEY, LEGACY_PAIRS)}, this version builds "
+    cfg_doc = read_stored(run.path("config.yaml"))
+    if cfg_doc.get(PAIRS_KEY) != PAIR_SCHEMA:
+        raise ValueError(f"{run.root}: its training pairs are {cfg_doc.get(PAIRS_KEY)}, this version builds "
                          f"{PAIR_SCHEMA}: re-gating would not rebuild the run's pairs")
     own = stored_sleep_config(run_dir)
     d = cycle_files(cycle)
@@ -521,14 +521,13 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
             raise ValueError(f"{run.root}: {rel} is missing or incomplete")
     wake = read_jsonl(run.path(d.wake))
     ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(d.reference))}
-    specs = {s.id: s for s in resolve_scenarios(sorted({e.scenario_id for e in wake}), max_turns=cfg_doc.get("max_turns", 0),
-                                                run_dir=run_dir)}
+    specs = {s.id: s for s in resolve_in_run(sorted({e.scenario_id for e in wake}), run_dir, max_turns=cfg_doc.get("max_turns", 0))}
     judged = read_judged(run.path(d.wake_judged)) if run.complete(d.wake_judged) else None
     for name, v in variants.items():
         if v.build != own.build:
             differ = [f.name for f in fields(PairBuild) if getattr(v, f.name) != getattr(own, f.name)]
             raise ValueError(f"variant {name}: only screening and gating settings may differ from the run's, not {', '.join(differ)}")
-    result = run_sleep(specs, wake, ref, own, judged=judged)  # no earlier pairs: nothing replayed
+    result = run_sleep(SleepInputs(specs, wake, ref, judged), own)  # no earlier pairs: nothing replayed
     built = {p.id for p in result.candidates}  # the run's files also hold pairs replayed from earlier cycles
     run_ids = sorted(p.id for t in TRACKS for p in read_pairs(run.path(d.pairs(t))) if p.id in built)
     out = {}

@@ -1,7 +1,7 @@
 """Training (contract §8) with TRL and PEFT — no hand-written loop.
 
 * ``dpo`` — ``DPOTrainer`` on preference pairs (TRL's conversational format, as
-  :mod:`socialworld.learn.sleep` writes them);
+  :mod:`socialworld.learn.pairs` writes them);
 * ``sft`` — ``SFTTrainer`` on the chosen side only (prompt-completion: behaviour cloning);
 * ``grpo`` — ``GRPOTrainer`` whose completions are the policy's own turns sampled under its reply
   grammar (:func:`policy_rollout`) and whose reward restores the step's world snapshot and returns
@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 from socialworld.agents.lm.prompts import parse_output
 from socialworld.learn.config import PairBuild, TrainConfig
-from socialworld.learn.sleep import Pair, rollout_returns
+from socialworld.learn.pairs.counterfactual import rollout_returns
+from socialworld.learn.pairs.record import Pair
 from socialworld.records import TMP_MARK, Document
 from socialworld.text.reply import action_kind as turn_action_kind
 from socialworld.world.engine import World
@@ -418,7 +419,7 @@ def _train_listwise(model: Any, tok: Any, out: Path, cfg: TrainConfig, pairs: Se
     from peft import get_peft_model
 
     from socialworld.learn.listwise import PromptKV, train_listwise
-    from socialworld.learn.sleep import read_pairs
+    from socialworld.learn.pairs.record import read_pairs
 
     if peft_config is not None:
         model = get_peft_model(model, peft_config)  # on load_hf's device (the GPU where there is one)
@@ -464,7 +465,7 @@ def simulator_reward(specs: dict[str, ScenarioSpec], returns: PairBuild | None =
     completion strictly and step the world once (the world applies the penalty to unparseable or
     illegal output, which it executes as ``wait``). Without ``returns`` the reward is that step's
     reward; with it, the step's exact return as the sleep phase values a candidate
-    (:func:`socialworld.learn.sleep.rollout_returns`): the mean over ``returns.rollouts``
+    (:func:`socialworld.learn.pairs.rollout_returns`): the mean over ``returns.rollouts``
     continuations of ``returns.continuation`` of the step's reward plus ``gamma^t`` times step t's,
     the continuations of one prompt's completions reseeded alike (common random numbers), so
     completions differ in reward exactly where their moves lead to different outcomes. A one-step

@@ -14,11 +14,10 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Iterable, Literal, Sequence
+from typing import Annotated, Literal, Mapping, Sequence
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -497,32 +496,9 @@ def load_builtin_scenarios() -> dict[str, ScenarioSpec]:
     return {s.id: s for s in specs}
 
 
-SCENARIO_STORE = "scenarios"
-"""A run folder's copies of the user scenarios it runs on: ``RUN/scenarios/<id>.yaml``."""
-
-
 def spec_yaml(spec: ScenarioSpec) -> str:
     """The canonical YAML of a spec (loads back to the same :attr:`~ScenarioSpec.content_hash`)."""
     return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
-
-
-def stored_scenarios(run_dir: str | Path) -> dict[str, ScenarioSpec]:
-    """The user scenarios a run folder stored (``RUN/scenarios/<id>.yaml``), by id; a copy whose
-    content hash is not the one the run's ``config.yaml`` records (``user_scenarios``) is refused."""
-    root = Path(run_dir)
-    if not (root / SCENARIO_STORE).is_dir():
-        return {}
-    recorded: dict = {}
-    if (root / "config.yaml").is_file():
-        recorded = (yaml.safe_load((root / "config.yaml").read_text()) or {}).get("user_scenarios") or {}
-    out = {}
-    for path in sorted((root / SCENARIO_STORE).glob("*.yaml")):
-        spec = load_spec(path)
-        if spec.id in recorded and recorded[spec.id] != spec.content_hash:
-            raise ScenarioError(f"{path}: changed since the run was made (content hash {spec.content_hash[:12]}, "
-                                f"config.yaml records {str(recorded[spec.id])[:12]})")
-        out[spec.id] = spec
-    return out
 
 
 def capped(spec: ScenarioSpec, max_turns: int) -> ScenarioSpec:
@@ -541,7 +517,8 @@ def _is_path(name: str) -> bool:
     return name.endswith((".yaml", ".yml"))
 
 
-def _check_tiers(tiers: Sequence[str]) -> None:
+def check_tiers(tiers: Sequence[str]) -> None:
+    """Raise :class:`ScenarioError` naming any tier that is not one of :data:`TIERS`."""
     bad = set(tiers) - set(TIERS)
     if bad:
         raise ScenarioError(f"unknown tier(s) {sorted(bad)}; tiers are {', '.join(TIERS)}")
@@ -553,13 +530,14 @@ def named(known: dict[str, ScenarioSpec], name: str) -> list[ScenarioSpec]:
 
 
 def resolve_scenarios(names: list[str] | None = None, tiers: list[str] | None = None, max_turns: int = 0,
-                      run_dir: str | Path | None = None) -> list[ScenarioSpec]:
+                      stored: Mapping[str, ScenarioSpec] | None = None, stored_in: str = "") -> list[ScenarioSpec]:
     """Pick scenarios by id (with or without the ``-vN`` suffix), YAML path, or tier. ``max_turns``
     > 0 caps every scenario's turn budget (a smoke budget; the cap is in every step's setting).
-    With ``run_dir``, an id names first a user scenario that run stored (:func:`stored_scenarios`),
-    then a shipped one: a run is resumed, re-gated and fitted without the user's file."""
+    ``stored``: more scenarios an id may name, by id, before the shipped ones (a run's copies of
+    the user's: :func:`socialworld.learn.scenarios.stored_scenarios`; ``stored_in`` says where they
+    are, for the error a name that matches none gets)."""
     builtin = load_builtin_scenarios()
-    known = builtin | (stored_scenarios(run_dir) if run_dir is not None else {})
+    known = builtin | dict(stored or {})
     if not names:
         chosen = list(builtin.values())
     else:
@@ -573,70 +551,13 @@ def resolve_scenarios(names: list[str] | None = None, tiers: list[str] | None = 
                 chosen.append(load_spec(name))
                 continue
             if not matches:
-                where = f" (shipped, or stored in {Path(run_dir) / SCENARIO_STORE})" if run_dir is not None else ""
+                where = f" (shipped, or stored in {stored_in})" if stored_in else ""
                 raise ScenarioError(f"unknown scenario '{name}'; known{where}: {', '.join(known)}; "
                                     "a scenario of your own is given by its YAML path")
             chosen.append(matches[-1])
     if tiers:
-        _check_tiers(tiers)
+        check_tiers(tiers)
         chosen = [s for s in chosen if s.tier in tiers]
     if max_turns > 0:
         chosen = [capped(s, max_turns) for s in chosen]
     return chosen
-
-
-def specs_for(ids: Iterable[str], run_dir: str | Path | None = None, files: Sequence[str] = (),
-              max_turns: int = 0) -> dict[str, ScenarioSpec]:
-    """The specs of the scenario ids that records or pairs name, by id: first the YAML ``files``
-    given, then the user scenarios stored in ``run_dir``, then the shipped ones (each capped at
-    ``max_turns``, the run's smoke budget, so that its snapshots restore)."""
-    given = {s.id: s for s in resolve_scenarios(list(files), max_turns=max_turns)} if files else {}
-    rest = sorted(set(ids) - set(given))
-    found = resolve_scenarios(rest, max_turns=max_turns, run_dir=run_dir) if rest else []
-    return given | {s.id: s for s in found}
-
-
-@dataclass(frozen=True)
-class RunScenarios:
-    """The scenarios of a run (loop or bench), resolved and checked before any work starts."""
-
-    specs: tuple[ScenarioSpec, ...]
-    """the scenarios of the run's tiers, in the order named (default: the shipped ones), uncapped"""
-    names: tuple[str, ...]
-    """the names given, each naming a user scenario (a YAML path, or an id stored in the run)
-    replaced by its full id: what the run's config records, so the run is resumed by id without the file"""
-    user: dict[str, str]
-    """id -> content hash of each scenario that is not a shipped one: the run stores its canonical
-    YAML (``RUN/scenarios/<id>.yaml``) and records the hash in its config"""
-
-
-def run_scenarios(names: Sequence[str], tiers: Sequence[str], run_dir: str | Path) -> RunScenarios:
-    """Resolve a run's scenarios (ids, or YAML paths of the user's own; empty: the shipped ones)
-    against ``run_dir``'s stored copies and the shipped scenarios, and check them: a file may not
-    reuse a shipped id with other content, nor differ from the copy the run was made with (a
-    resumed run never silently uses a changed file), and some scenario must be in ``tiers``."""
-    _check_tiers(tiers)
-    builtin = load_builtin_scenarios()
-    named = resolve_scenarios(list(names), run_dir=run_dir) if names else list(builtin.values())
-    stored = stored_scenarios(run_dir)
-    by_id: dict[str, ScenarioSpec] = {}
-    for name, spec in zip(names or [s.id for s in named], named):
-        # a name resolved as an id is the shipped or stored spec itself: only a file can differ
-        if spec.id in builtin and builtin[spec.id].content_hash != spec.content_hash:
-            raise ScenarioError(f"{name}: id {spec.id} is a shipped scenario's, with other content; "
-                                "give your scenario an id of its own")
-        if spec.id in stored and stored[spec.id].content_hash != spec.content_hash:
-            raise ScenarioError(f"{name}: scenario {spec.id} differs from the copy the run in {run_dir} was made with "
-                                f"({Path(run_dir) / SCENARIO_STORE / spec.id}.yaml): resume without the changed file "
-                                "(by id) or use a new run folder")
-        if spec.id in by_id and by_id[spec.id].content_hash != spec.content_hash:
-            raise ScenarioError(f"{name}: a second, different scenario with id {spec.id}")
-        by_id[spec.id] = spec
-    specs = tuple(s for s in by_id.values() if s.tier in tiers)
-    if not specs:
-        raise ScenarioError(f"no scenario of tier(s) {', '.join(tiers)} among "
-                            f"{', '.join(f'{s.id} ({s.tier})' for s in by_id.values())}")
-    user = {s.id: s.content_hash for s in specs if s.id not in builtin}
-    # a shipped scenario named by id is recorded as given (older runs resume); any other name by its full id
-    as_given = lambda n, s: s.id in builtin and n in (s.id, s.id.rsplit("-v", 1)[0])  # noqa: E731
-    return RunScenarios(specs, tuple(n if as_given(n, s) else s.id for n, s in zip(names, named)), user)
