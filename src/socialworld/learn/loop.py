@@ -140,7 +140,6 @@ def _reusable(cfg: LoopConfig, mine: dict) -> tuple[RunDir, tuple[str, ...]]:
     before this run writes anything): the cycle-0 evaluation when model, scenarios, eval episodes and
     seed match; cycle 1's wake when, besides, the training episodes and cycle 1's tiers match. Each
     must be complete there, and made under this code's policy prompt."""
-
     if not Path(cfg.reuse_from).is_dir():
         raise ValueError(f"--reuse-from {cfg.reuse_from}: no such folder")
     if not Path(cfg.reuse_from, "manifest.json").exists():
