@@ -8,14 +8,14 @@ import pytest
 
 from socialworld.agents.registry import make_policy
 from socialworld.bench.config import BenchConfig
-from socialworld.bench.document import read_bench
+from socialworld.bench.document import BenchDoc
 from socialworld.bench.protocol import bench_document, remake_reports
 from socialworld.bench.report import markdown, write_reports
 from socialworld.layout import cycle_files
 from socialworld.learn.loop import CycleSummary
 from socialworld.metric_registry import KEYS
 from socialworld.metrics.core import aggregate
-from socialworld.records import Message, PromptRec, atomic_write_text, write_jsonl
+from socialworld.records import Message, PromptRec, atomic_write_text, read_document, write_jsonl
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.runner import EpisodeJob, run_episodes
 from socialworld.rundir import RunDir
@@ -103,12 +103,12 @@ def test_a_v1_bench_document_reads_as_v2_and_its_reports_are_made_again(bench, t
     assert "pass_rate" in old["loop"][0]["eval"] and "metrics" not in old["loop"][0]["eval"]
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(old))
-    back = read_bench(path)
+    back = read_document(path, BenchDoc)
     assert back == doc.model_copy(update={"paired_by_tier": {}})  # every number as it was, in today's form
     assert back.loop[0].eval["pass"] == doc.loop[0].eval["pass"] and back.loop[0].schema_version == "cycle-summary-v2"
     path.write_text(json.dumps({**old, "main": {"A": {"PassRate": old["main"]["A"]["pass"]}}}))
     with pytest.raises(ValueError, match="(?s)bench.json: not a BenchDoc.*unknown metric.*PassRate"):
-        read_bench(path)
+        read_document(path, BenchDoc)
     # a finished bench folder of v1: `socialworld report` rewrites its document and remakes the reports from it
     folder = tmp_path / "run"
     shutil.copytree(cfg.out, folder)
@@ -120,7 +120,7 @@ def test_a_v1_bench_document_reads_as_v2_and_its_reports_are_made_again(bench, t
     for c in TIERS:
         write_jsonl(folder / "loop" / cycle_files(c).eval, per_cycle["B"][c])
     remake_reports(folder, log=lambda _: None)
-    assert read_bench(folder) == back and json.loads((folder / "bench.json").read_text())["schema_version"] == "bench-v2"
+    assert read_document(folder / "bench.json", BenchDoc) == back and json.loads((folder / "bench.json").read_text())["schema_version"] == "bench-v2"
     assert (folder / "report.md").read_text() == markdown(back) + "\n"
 
 

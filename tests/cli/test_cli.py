@@ -4,7 +4,8 @@ import pytest
 from typer.testing import CliRunner
 
 from socialworld.cli.main import app
-from socialworld.rollout.evaluate import read_eval_summary
+from socialworld.records import read_document
+from socialworld.rollout.evaluate import EvalSummary
 
 runner = CliRunner()
 
@@ -30,14 +31,14 @@ def test_eval_json_shape_and_outputs(tmp_path):
     assert (tmp_path / "episodes.parquet").exists() and (tmp_path / "episodes.jsonl").exists()
     assert json.loads((tmp_path / "metrics.json").read_text()) == doc
     # a metrics.json written before the registry (no schema_version, each aggregate flat, PassRate spelled pass_rate)
-    new = read_eval_summary(tmp_path / "metrics.json")
+    new = read_document(tmp_path / "metrics.json", EvalSummary)
     old = json.loads(new.to_json())
     del old["schema_version"], old["judge"]
     for agg in (*old["by_tier"].values(), *old["by_scenario"].values()):
         m = agg.pop("metrics")
         agg.update({k: m[k] for k in ("U", "A_e", "S_npc", "D", "CR")}, pass_rate=m["pass"], solve_rate=m["solve"])
     (tmp_path / "metrics.json").write_text(json.dumps(old))
-    assert read_eval_summary(tmp_path / "metrics.json") == new
+    assert read_document(tmp_path / "metrics.json", EvalSummary) == new
 
 
 def test_report_of_a_folder_without_a_bench_says_so(tmp_path):

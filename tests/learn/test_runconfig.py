@@ -8,8 +8,8 @@ import yaml
 
 from socialworld.bench.config import RECIPE_SLEEP, BenchConfig
 from socialworld.learn.config import LoopConfig, SleepConfig
-from socialworld.learn.loop import _reusable, config_doc, read_resumed, regate, stored_sleep_config
-from socialworld.learn.runconfig import CONFIG_VERSION, migrate
+from socialworld.learn.loop import _reusable, config_doc, regate, stored_sleep_config
+from socialworld.learn.runconfig import CONFIG_VERSION, migrate, read_resumed
 from socialworld.metrics.core import ContractMismatch
 from socialworld.rundir import RunDir
 

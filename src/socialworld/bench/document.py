@@ -8,12 +8,12 @@ Every per-metric table in them is keyed by the metric registry
 Versions: v1 documents (written before the registry; they named no ``schema_version``) held the
 loop's per-cycle evaluations flat with PassRate spelled ``pass_rate``. They read as v2 (a missing
 ``schema_version`` takes the current one) through the models' migrations (:func:`socialworld.metrics.core.migrate_flat_aggregate` for each aggregate),
-so an old run folder's reports can be made again (``socialworld report``).
+so an old run folder's reports can be made again (``socialworld report``). Read one with
+:func:`socialworld.records.read_document`.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator
@@ -21,7 +21,7 @@ from pydantic import AfterValidator
 from socialworld.learn.loop import CycleSummary
 from socialworld.metric_registry import KEYS
 from socialworld.metrics.stats import Interval
-from socialworld.records import Document, read_document
+from socialworld.records import Document
 
 BENCH_SCHEMA: Final = "bench-v2"
 SUITE_SCHEMA: Final = "suite-v2"
@@ -139,15 +139,3 @@ class SuiteDoc(Document):
     """the variant without overrides, the others' comparison"""
     variants: dict[str, VariantRow | SameRun]
     """the untrained model's row first, then each variant's"""
-
-
-def read_bench(path: str | Path) -> BenchDoc:
-    """A ``bench.json`` of any version (a folder: its ``bench.json``); a malformed one raises naming the file."""
-    path = Path(path)
-    return read_document(path / "bench.json" if path.is_dir() else path, BenchDoc)
-
-
-def read_suite(path: str | Path) -> SuiteDoc:
-    """A ``suite.json`` of any version (a folder: its ``suite.json``); a malformed one raises naming the file."""
-    path = Path(path)
-    return read_document(path / "suite.json" if path.is_dir() else path, SuiteDoc)

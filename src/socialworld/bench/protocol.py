@@ -37,8 +37,6 @@ from socialworld.bench.document import (
     SuiteDoc,
     Thresholds,
     VariantRow,
-    read_bench,
-    read_suite,
 )
 from socialworld.layout import BENCH_LOOP, cycle_files
 from socialworld.learn.config import LoopConfig
@@ -48,11 +46,10 @@ from socialworld.learn.loop import (
     check_model,
     check_unlockable,
     config_doc,
-    read_resumed,
     regate,
     run_loop,
 )
-from socialworld.learn.runconfig import EXECUTION_FIELDS
+from socialworld.learn.runconfig import EXECUTION_FIELDS, read_resumed
 from socialworld.learn.scenarios import RunScenarios, run_scenarios
 from socialworld.learn.train import read_train_record
 from socialworld.metric_registry import KEYS, PASS
@@ -60,7 +57,7 @@ from socialworld.metrics.core import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT
 from socialworld.metrics.diagnostics import coverage, failure_counts
 from socialworld.metrics.lifelong import TIERS, RTable, forgetting, forward_transfer, r_table, unlock_cycles
 from socialworld.metrics.stats import Interval, metric_interval, paired_difference
-from socialworld.records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, write_jsonl
+from socialworld.records import EpisodeRecord, JudgeRec, read_document, read_jsonl, write_jsonl
 from socialworld.rollout.evaluate import episode_seeds, first_endpoint_error
 from socialworld.rollout.judge import checked_judgement, judge_agreement, judge_episodes, read_judged, summarise, write_judged
 from socialworld.rollout.runner import EpisodeJob
@@ -199,19 +196,18 @@ def remake_reports(out: str | Path, log: Callable[[str], None] = print) -> Bench
     """A finished bench's or suite's reports made again from its stored document (``bench.json``
     or ``suite.json``, any version: an older one is rewritten in this version's form first, and
     the reports follow it) and, for a bench, the episodes in its folder. Nothing is run."""
-    from socialworld.bench.report import suite_html, suite_markdown, write_reports
+    from socialworld.bench.report import write_reports, write_suite_reports
 
     run = RunDir(out)
     if run.complete("suite.json"):
-        suite = read_suite(run.path("suite.json"))
+        suite = read_document(run.path("suite.json"), SuiteDoc)
         if run.derive("suite.json", "suite", suite.to_json()):
             log(f"{run.path('suite.json')}: rewritten as {suite.schema_version}")
-        run.produce("report.md", "report", lambda p: atomic_write_text(p, suite_markdown(suite) + "\n"), inputs=["suite.json"])
-        run.produce("report.html", "report", lambda p: atomic_write_text(p, suite_html(suite)), inputs=["suite.json"])
+        write_suite_reports(run, suite)
         return suite
     if not run.complete("bench.json"):
         raise ValueError(f"{out}: no finished bench or suite here (its manifest lists no bench.json or suite.json)")
-    doc = read_bench(run.path("bench.json"))
+    doc = read_document(run.path("bench.json"), BenchDoc)
     proxies = [a for a in doc.main if a not in ("A", "B")]
     inputs = [f"arms/{a}/episodes.jsonl" for a in proxies] + [f"judge/{a}.jsonl" for a in (doc.judge.arms if doc.judge else {})]
     if run.derive("bench.json", "bench", doc.to_json(), inputs=inputs):
@@ -453,10 +449,9 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
         )
     doc = SuiteDoc(version=BENCH_VERSION, metrics_contract=METRICS_CONTRACT, suite=suite, config=cfg_doc,
                    preset=_plain(asdict(PRESETS[cfg.preset])), full=full, variants=rows)
-    from socialworld.bench.report import suite_html, suite_markdown
+    from socialworld.bench.report import write_suite_reports
 
     # a variant run again since (its folder removed) changes the table, and the reports (its inputs) follow it
     run.derive("suite.json", "suite", doc.to_json())
-    run.produce("report.md", "report", lambda p: atomic_write_text(p, suite_markdown(doc) + "\n"), inputs=["suite.json"])
-    run.produce("report.html", "report", lambda p: atomic_write_text(p, suite_html(doc)), inputs=["suite.json"])
+    write_suite_reports(run, doc)
     return doc

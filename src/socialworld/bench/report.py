@@ -602,6 +602,14 @@ the number comes from (direct: the simulator; fused; proxy: a model's judgement)
 """
 
 
+def write_suite_reports(run: RunDir, doc: SuiteDoc) -> None:
+    """A suite's ``report.md`` and ``report.html`` into its folder, as manifest artifacts made from ``suite.json``."""
+    from socialworld.records import atomic_write_text
+
+    run.produce("report.md", "report", lambda p: atomic_write_text(p, suite_markdown(doc) + "\n"), inputs=["suite.json"])
+    run.produce("report.html", "report", lambda p: atomic_write_text(p, suite_html(doc)), inputs=["suite.json"])
+
+
 def write_reports(run: RunDir, doc: BenchDoc, per_cycle: dict[str, dict[int, list[EpisodeRecord]]]) -> None:
     """``report.md`` and ``report.html`` into the run folder, as manifest artifacts."""
     from socialworld.records import atomic_write_text

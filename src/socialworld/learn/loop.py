@@ -46,7 +46,7 @@ from socialworld.learn.pairs.gating import Gating, GatingReport, read_gating, sc
 from socialworld.learn.pairs.record import PAIR_SCHEMA, read_pairs, write_pairs
 from socialworld.learn.pairs.sleep import run_sleep
 from socialworld.learn.pairs.sources import SleepInputs
-from socialworld.learn.runconfig import CONTRACT_KEY, PAIRS_KEY, RunConfig, check_compatible, migrate, read_stored
+from socialworld.learn.runconfig import CONTRACT_KEY, PAIRS_KEY, RunConfig, read_resumed, read_stored
 from socialworld.learn.scenarios import RunScenarios, resolve_in_run, run_scenarios
 from socialworld.learn.train import check_target_modules, grpo_rows, read_train_record, train_adapter
 from socialworld.metric_registry import KEYS, PASS
@@ -124,15 +124,6 @@ def config_doc(cfg: Any, user_scenarios: dict[str, str]) -> dict[str, Any]:
     the config (its scenario names already the ones :func:`~socialworld.learn.scenarios.run_scenarios`
     records: paths replaced by ids) and its user scenarios' hashes."""
     return RunConfig(cfg, user_scenarios).document()
-
-
-def read_resumed(stored: dict[str, Any], path: Path) -> dict[str, Any]:
-    """A resumed run's stored config in this version's form, refused when this code cannot
-    continue its run (:func:`~socialworld.learn.runconfig.check_compatible`): what
-    :meth:`RunDir.write_config <socialworld.rundir.RunDir.write_config>` compares with the run's."""
-    doc = migrate(stored, path)
-    check_compatible(doc, path)
-    return doc
 
 
 def _reusable(cfg: LoopConfig, mine: dict) -> tuple[RunDir, tuple[str, ...]]:

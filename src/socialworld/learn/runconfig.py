@@ -108,6 +108,15 @@ def check_compatible(stored: dict[str, Any], where: str | Path) -> None:
                          "pairs of different formats are never mixed (replay, resumed training): use a new run folder")
 
 
+def read_resumed(stored: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A resumed run's stored config in this version's form, refused when this code cannot
+    continue its run (:func:`check_compatible`): what :meth:`RunDir.write_config
+    <socialworld.rundir.RunDir.write_config>` compares with the run's."""
+    doc = migrate(stored, path)
+    check_compatible(doc, path)
+    return doc
+
+
 def read_stored(path: str | Path) -> dict[str, Any]:
     """A run folder's (or a file's) stored config, migrated; a missing or malformed one raises naming it."""
     import yaml

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Final, Literal
 
 from socialworld.agents.lm.backends import EndpointFailure
 from socialworld.agents.models import SCRIPTED, check_loads
 from socialworld.agents.registry import make_policy
 from socialworld.metrics.core import METRICS_CONTRACT, Aggregate, aggregate, group_by
-from socialworld.records import Document, EpisodeRecord, JudgeRec, atomic_write_text, read_document, write_jsonl, write_parquet
+from socialworld.records import Document, EpisodeRecord, JudgeRec, atomic_write_text, write_jsonl, write_parquet
 from socialworld.rollout.config import EvalConfig
 from socialworld.rollout.judge import judge_episodes, summarise, write_judged
 from socialworld.rollout.runner import EpisodeJob, run_episodes
@@ -52,11 +51,6 @@ class EvalSummary(Document):
     by_tier: dict[str, Aggregate]
     by_scenario: dict[str, TierScores]
     judge: JudgeSummaries | None = None
-
-
-def read_eval_summary(path: str | Path) -> EvalSummary:
-    """A ``metrics.json`` of any version; a malformed one raises naming the file."""
-    return read_document(path, EvalSummary)
 
 
 @dataclass(frozen=True)

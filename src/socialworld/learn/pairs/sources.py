@@ -322,10 +322,13 @@ def _wake_and_reference(inputs: SleepInputs, report: GatingReport) -> list[Unit]
 def _judged(inputs: SleepInputs, report: GatingReport) -> list[Unit]:
     """Each wake episode with its reference episode, both judged; a failed judgement is counted
     (``judge:failed``) and pairs nothing. None without a judge's records."""
-    units = []
-    for e in inputs.wake if inputs.judged else ():
+    units: list[Unit] = []
+    judged = inputs.judged
+    if not judged:
+        return units
+    for e in inputs.wake:
         r = inputs.reference[(e.scenario_id, e.seed)]
-        ja, jb = inputs.judged.get(e.episode_id), inputs.judged.get(r.episode_id)  # type: ignore[union-attr]
+        ja, jb = judged.get(e.episode_id), judged.get(r.episode_id)
         if ja is None or jb is None or ja.failure or jb.failure:
             report.exclude("judge", "failed")
         else:
