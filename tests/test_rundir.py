@@ -168,3 +168,51 @@ def test_the_cycle_folders_of_a_loop_run_are_read_by_the_names_cycle_files_write
     assert [cycle_number(tmp_path / cycle_files(c).root) for c in (0, 10)] == [0, 10]
     assert cycle_number(tmp_path / "cycle-x") is None and cycle_number("loop") is None
     assert loop_cycles(tmp_path / "absent") == []
+
+
+def test_a_folders_hash_tells_apart_what_concatenation_would_not(tmp_path):
+    from socialworld.rundir import sha256_path
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    (one / "a").write_bytes(b"xb\0y")
+    (two / "a").write_bytes(b"x")
+    (two / "b").write_bytes(b"y")
+    assert sha256_path(one, "folder-v1") == sha256_path(two, "folder-v1")  # the old form's collision
+    assert sha256_path(one) != sha256_path(two)
+
+
+def test_a_manifest_written_with_the_old_folder_hash_still_finds_its_folders_complete(tmp_path):
+    from socialworld.rundir import sha256_path
+
+    run = RunDir(tmp_path / "r")
+    run.produce("adapter", "train", lambda p: (p.mkdir(), (p / "w.bin").write_bytes(b"\1\2")))
+    manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert manifest["artifacts"]["adapter"]["hash"] == "folder-v2"
+    entry = manifest["artifacts"]["adapter"]
+    del entry["hash"]  # as a manifest written before folder-v2 lists it
+    entry["sha256"] = sha256_path(tmp_path / "r" / "adapter", "folder-v1")
+    (tmp_path / "r" / "manifest.json").write_text(json.dumps(manifest))
+    assert RunDir(tmp_path / "r").complete("adapter")
+
+
+def test_every_file_of_an_artifact_gets_the_mode_open_gives(tmp_path):
+    """A library that writes through ``tempfile`` (600) inside an artifact's folder (safetensors did, for
+    trained adapters) leaves no file less readable than the rest."""
+    import os
+    import tempfile
+
+    from socialworld.records import umask
+
+    def write(p):
+        p.mkdir()
+        fd, name = tempfile.mkstemp(dir=p)
+        os.close(fd)
+        os.replace(name, p / "adapter_model.safetensors")
+        (p / "adapter_config.json").write_text("{}")
+
+    run = RunDir(tmp_path / "r")
+    run.produce("adapter", "train", write)
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "r" / "adapter").iterdir()}
+    assert set(modes.values()) == {0o666 & ~umask()}, modes

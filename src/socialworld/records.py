@@ -398,7 +398,15 @@ def read_document(path: str | Path, kind: type[D]) -> D:
         text = Path(path).read_text()
     except OSError as err:
         raise ValueError(f"{path}: cannot read it: {err}") from err
+    from pydantic import ValidationError
+
     try:
         return kind.model_validate_json(text)
+    except ValidationError as err:
+        problems = err.errors()
+        first = problems[0]
+        where = ".".join(str(x) for x in first["loc"]) or "the document"
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ValueError(f"{path}: not a {kind.__name__} document this version reads: {where}: {first['msg']}{more}") from None
     except ValueError as err:
         raise ValueError(f"{path}: not a {kind.__name__} document this version reads: {err}") from err

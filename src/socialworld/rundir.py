@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from socialworld.records import TMP_MARK, atomic_write_text
+from socialworld.records import TMP_MARK, atomic_write_text, shareable
 
 MANIFEST_VERSION = "manifest-v1"
 LOCATION_KEYS = ("out",)
@@ -54,13 +54,22 @@ def remove_leftovers(root: Path) -> list[Path]:
     return found
 
 
-def sha256_path(path: Path) -> str:
-    """sha256 of a file, or of a folder (its files' relative paths and bytes, in sorted order)."""
+FOLDER_HASH = "folder-v2"
+"""how :func:`sha256_path` hashes a folder (recorded with each folder artifact in the manifest)"""
+
+
+def sha256_path(path: Path, folder: str = FOLDER_HASH) -> str:
+    """sha256 of a file (its bytes), or of a folder: for each of its files in sorted order, the
+    length and text of its relative path, then the length and bytes of its content (``folder-v2``),
+    so no two different folders hash alike. ``folder-v1`` (the manifests written before it, whose
+    entries name no ``hash``) put each path and its bytes one after the other: a file ``a`` holding
+    ``x``, ``b`` holding ``y`` and a file ``a`` holding ``x b\0 y`` hashed the same."""
     h = hashlib.sha256()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for f in files:
         if path.is_dir():
-            h.update(str(f.relative_to(path)).encode() + b"\0")
+            rel = str(f.relative_to(path)).encode()
+            h.update(rel + b"\0" if folder == "folder-v1" else b"%d:" % len(rel) + rel + b"%d:" % f.stat().st_size)
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
@@ -143,7 +152,7 @@ class RunDir:
         hashes they have when the manifest is read)."""
         entry = self.artifacts.get(rel)
         p = self.path(rel)
-        if entry is None or not p.exists() or sha256_path(p) != entry["sha256"]:
+        if entry is None or not p.exists() or sha256_path(p, entry.get("hash", "folder-v1")) != entry["sha256"]:
             return False
         return not self.stale_inputs(rel)
 
@@ -159,7 +168,8 @@ class RunDir:
             raise FileNotFoundError(p)
         self._check_inputs(rel, inputs)
         digest = sha256_path(p)
-        self.artifacts[rel] = {"sha256": digest, "producer": producer, "inputs": {i: self.artifacts[i]["sha256"] for i in inputs}}
+        self.artifacts[rel] = {"sha256": digest, "producer": producer, "inputs": {i: self.artifacts[i]["sha256"] for i in inputs},
+                               **({"hash": FOLDER_HASH} if p.is_dir() else {})}
         atomic_write_text(self._manifest_path, json.dumps({"version": MANIFEST_VERSION, "artifacts": self.artifacts},
                                                           indent=1, sort_keys=True) + "\n")
         return digest
@@ -184,6 +194,8 @@ class RunDir:
         t0 = time.perf_counter()
         try:
             write(tmp)
+            for q in [tmp, *(tmp.rglob("*") if tmp.is_dir() else ())]:  # what a library wrote through tempfile (600) too
+                shareable(q)
             if dest.is_dir():
                 shutil.rmtree(dest)
             os.replace(tmp, dest)

@@ -431,10 +431,12 @@ REPLIES = {
              b' "usage": {"prompt_tokens": null, "completion_tokens": 3}}',
     "null_usage": b'{"choices": [{"message": {"content": "ACTION: wait()"}}], "usage": {"prompt_tokens": null}}',
     "surrogate": b'{"choices": [{"message": {"content": "ACTION: end()\\nSAY: \\ud800"}}]}',
+    "deep_body": b'{"choices": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+    "deep_content": b'{"choices": [{"message": {"content": ' + b"[" * 200_000 + b"]" * 200_000 + b"}}]}",
 }
 
 
-@pytest.mark.parametrize("mode", ["500", "empty", "garbage", "slow", "drip", "drip_status", "dropped", "truncated", *REPLIES])
+@pytest.mark.parametrize("mode", ["500", "empty", "garbage", "slow", "drip", "drip_status", "dropped", "truncated", "huge", *REPLIES])
 def test_misbehaving_server(mode, tmp_path):
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -461,7 +463,7 @@ def test_misbehaving_server(mode, tmp_path):
             code, body = (500, b"oops") if mode == "500" else (200, REPLIES.get(mode, b"<html>" if mode == "garbage" else b'{"choices": []}'))
             try:
                 self.send_response(code)
-                self.send_header("Content-Length", str(len(body) + (100 if mode == "truncated" else 0)))
+                self.send_header("Content-Length", str(10**12 if mode == "huge" else len(body) + (100 if mode == "truncated" else 0)))
                 self.end_headers()
                 self.wfile.write(body)
             except BrokenPipeError:  # the client already gave up (the "slow" case)
@@ -488,7 +490,8 @@ def test_misbehaving_server(mode, tmp_path):
         else:
             want = {"500": "HTTP 500", "empty": "malformed response", "garbage": "malformed response", "slow": "cannot reach",
                     "drip": "no complete reply within 1 s", "drip_status": "no complete reply within 1 s",
-                    "dropped": "broken response", "truncated": "broken response", "number": "content is int, not text"}[mode]
+                    "dropped": "broken response", "truncated": "broken response", "number": "content is int, not text",
+                    "huge": "broken response", "deep_body": "JSON nested too deeply", "deep_content": "JSON nested too deeply"}[mode]
             assert c.text == "" and want in c.error, c.error
     finally:
         srv.shutdown()

@@ -44,6 +44,16 @@ def test_eval_json_shape_and_outputs(tmp_path):
 def test_report_of_a_folder_without_a_bench_says_so(tmp_path):
     r = runner.invoke(app, ["report", str(tmp_path)])
     assert r.exit_code == 2 and "no finished bench or suite here" in r.output
+    # a read-only command never makes the folder it was pointed at
+    r = runner.invoke(app, ["report", str(tmp_path / "r-missing")])
+    assert r.exit_code == 2 and "r-missing: no such folder" in r.output and not (tmp_path / "r-missing").exists()
+    # a bench.json that is another document is one line naming the file, not the validator's pages
+    from socialworld.rundir import RunDir
+
+    RunDir(tmp_path / "other").produce("bench.json", "bench", lambda p: p.write_text('{"schema_version": "suite-v2", "version": "x"}'))
+    r = runner.invoke(app, ["report", str(tmp_path / "other")])
+    assert r.exit_code == 2 and "bench.json: not a BenchDoc document this version reads" in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
 
 
 def test_play_prints_five_dimensions():
@@ -77,7 +87,11 @@ FILE_CASES = [  # (id, how to make the path, the error after "error: <path>: ")
     ("directory", lambda d: (d / "folder.yaml").mkdir() or d / "folder.yaml", "is a directory, not a scenario file"),
     ("directory-no-suffix", lambda d: (d / "plain").mkdir() or d / "plain", "is a directory, not a scenario file"),
     ("not-utf8", lambda d: (d / "b.yaml").write_bytes(b"name: caf\xe9\n") and d / "b.yaml", "not UTF-8 text (byte 9: invalid continuation byte)"),
-    ("deep", lambda d: (d / "n.yaml").write_text("[" * 20000 + "]" * 20000) and d / "n.yaml", "not valid YAML: nested too deeply"),
+    ("deep", lambda d: (d / "n.yaml").write_text("[" * 20000 + "]" * 20000) and d / "n.yaml", "line 1: nested more than 64 deep"),
+    ("deep-block", lambda d: (d / "m.yaml").write_text("".join(f"{' ' * i}k{i}:\n" for i in range(70)) + " " * 70 + "v: 1\n")
+     and d / "m.yaml", "line 65: nested more than 64 deep"),
+    ("dev-zero", lambda d: (d / "z.yaml").symlink_to("/dev/zero") or d / "z.yaml",
+     "more than 1000000 bytes; a scenario file may be at most 1 MB"),
     ("empty", lambda d: (d / "e.yaml").write_text("") or d / "e.yaml", "the file is empty"),
 ]
 
@@ -348,6 +362,87 @@ def test_loop_reruns_a_stored_config(tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump(doc))
     r = runner.invoke(app, ["loop", "--config", str(path)])
     assert r.exit_code == 2 and f"{path}: train.max_epochs: must be a finite number" in " ".join(r.output.split()), r.output
+
+
+def _other_value(leaf):
+    """A valid value of config field ``leaf`` other than its default, as a file writes it and as the command
+    line spells it: (file value, option words)."""
+    special = {"tiers": (["L0", "L1"], ["L0,L1"]), "tracks": (["action"], ["action"]), "scenarios": (["team_lunch"], ["team_lunch"]),
+               "holdout": (["team_lunch"], ["team_lunch"]), "target_modules": (["q_proj", "up_proj"], ["q_proj,up_proj"]),
+               "sources": (["action", "reference"], ["action,reference"]), "model": ("bundled", ["bundled"]),
+               "reuse_from": ("", [""]), "ray": ("", [""]), "judge": ("", [""]), "proxy": ("expert", ["expert"])}
+    if leaf.name in special:
+        return special[leaf.name]
+    d = leaf.default
+    if leaf.choices:
+        v = next(c for c in leaf.choices if c != d)
+        return v, [v]
+    if isinstance(d, bool):
+        return (not d), []
+    if isinstance(d, int):
+        v = d + 1 if not (leaf.check and getattr(leaf.check, "high", None) == d) else d - 1
+        return v, [str(v)]
+    if isinstance(d, float):
+        v = round(d / 2, 6) if d > 0 else 0.25
+        return v, [str(v)]
+    if isinstance(d, str):
+        return d + "-x", [d + "-x"]
+    raise AssertionError(f"no other value for {leaf.name} ({d!r})")
+
+
+@pytest.mark.parametrize("command,config", [("loop", "socialworld.learn.config:LoopConfig"), ("bench", "socialworld.bench.config:BenchConfig")])
+def test_a_config_file_means_what_the_same_options_mean(command, config, tmp_path, monkeypatch):
+    """Field by field: a file that sets one field (not a run's stored config: no version, nothing only a
+    run records) gives the config the same value as an option gives; a removed or unknown key is refused
+    by name. (A file without a version was read as a v1 run's: ``cycles: 2`` alone trained in float32.)"""
+    import importlib
+
+    import yaml
+
+    from socialworld.cli.options import leaves
+
+    mod, name = config.split(":")
+    cls = getattr(importlib.import_module(mod), name)
+    class Built(Exception):
+        """raised where the command would start its work: the config it built is recorded, nothing runs"""
+
+    seen = []
+
+    def record(cfg, **_):
+        seen.append(cfg)
+        raise Built
+
+    monkeypatch.setattr("socialworld.learn.loop.run_loop", record)
+    monkeypatch.setattr("socialworld.bench.protocol.run_bench", record)
+    out = ["--out", str(tmp_path / "o")]
+    checked = 0
+    for leaf in leaves(cls):
+        if leaf.name == "out":
+            continue
+        value, words = _other_value(leaf)
+        doc: dict = {"out": str(tmp_path / "o")}
+        node = doc
+        for part in leaf.path[:-1]:
+            node = node.setdefault(part, {})
+        node[leaf.path[-1]] = value
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        flag = "--" + leaf.name.replace("_", "-")
+        option = ([flag] if value is True else [flag.replace("--", "--no-", 1)]) if isinstance(value, bool) else \
+            [w for word in words for w in (flag, word)]
+        seen.clear()
+        by_file = runner.invoke(app, [command, "--config", str(path)])
+        by_option = runner.invoke(app, [command, *out, *option])
+        assert isinstance(by_file.exception, Built) and isinstance(by_option.exception, Built), (leaf.name, by_file.output, by_option.output)
+        assert len(seen) == 2 and seen[0] == seen[1], (leaf.name, seen)
+        checked += 1
+    assert checked == len(leaves(cls)) - 1
+    if command == "loop":
+        for removed in ({"sleep": {"label_gate": True}}, {"sleep": {"utterance_pairs": False}}, {"colour": "red"}):
+            path.write_text(yaml.safe_dump(removed))
+            r = runner.invoke(app, ["loop", "--config", str(path)])
+            key = ".".join([*removed][0:1] + ([*removed[[*removed][0]]] if isinstance(removed[[*removed][0]], dict) else []))
+            assert r.exit_code == 2 and f"{key} is not a field" in " ".join(r.output.split()), r.output
 
 
 @pytest.mark.parametrize("args, says", [

@@ -91,7 +91,7 @@ def test_sixteen_concurrent_sessions_give_the_sequential_results(url, specs):
 
 def test_bad_input_is_an_error_from_the_call_and_the_session_stays(url):
     with _client(url) as env:
-        with pytest.raises(RuntimeError, match="call reset"):
+        with pytest.raises(RuntimeError, match="no episode: call reset"):
             env.step(SocialAction(reply="ACTION: wait()"))
         with pytest.raises(RuntimeError, match="unknown scenario 'nowhere'; this server has"):
             env.reset(seed=0, scenario="nowhere")
@@ -107,6 +107,87 @@ def test_bad_input_is_an_error_from_the_call_and_the_session_stays(url):
         drawn = env.reset(scenario="team_lunch")  # no seed: one is drawn, and kept
         seed = env.state().seed
         assert isinstance(seed, int) and env.reset(seed=seed, scenario="team_lunch").observation == drawn.observation
+
+
+def test_every_http_door_answers_bad_input_with_a_4xx_and_a_message():
+    """OpenEnv's HTTP routes: a bad reset is a 400 or 422 naming what is wrong; the stateless step, which
+    can never play an episode here, a 400 saying to use the WebSocket; never a 500."""
+    from fastapi.testclient import TestClient
+
+    c = TestClient(make_app(), raise_server_exceptions=False)
+    cases = {"seed 2**64": ({"seed": 2**64}, 400, "seed must be an integer"),
+             "unknown scenario": ({"scenario": "nowhere"}, 400, "unknown scenario 'nowhere'"),
+             "unknown argument": ({"colour": "red"}, 400, "not colour"),
+             "a seed that is text": ({"seed": "x"}, 422, "valid integer")}
+    for name, (body, code, says) in cases.items():
+        r = c.post("/reset", json=body)
+        assert r.status_code == code and says in r.text, (name, r.status_code, r.text)
+    for raw, code, says in ((b'{"scenario": "team\\ud800"}', 400, "unknown scenario"), (b'{"episode_id": "\\ud800"}', 422, "episode_id"),
+                            (b'{"seed": "\\ud800"}', 422, "seed"), (b'{"seed": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400, "")):
+        r = c.post("/reset", content=raw, headers={"content-type": "application/json"})  # JSON escapes: the text a client may send
+        assert r.status_code == code and says in r.text, (raw[:40], r.status_code, r.text[:200])
+    r = c.post("/step", json={"action": {"reply": "ACTION: wait()"}})
+    assert r.status_code == 400 and "use the WebSocket" not in r.text and "play over the WebSocket (/ws" in r.text
+    assert c.post("/reset", json={"seed": 1, "scenario": "team_lunch"}).status_code == 200
+
+
+def test_the_websocket_refuses_what_it_cannot_answer_and_the_session_stays():
+    """A binary frame is read as its UTF-8 text; one that is not UTF-8, a message holding a lone surrogate
+    (the turn would be played and its answer could not be sent) or one nested too deeply is refused
+    with a message before the world sees it; the session then plays on."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(make_app()).websocket_connect("/ws") as ws:
+        ws.send_bytes(b'{"type": "reset", "data": {"seed": 1, "scenario": "team_lunch"}}')
+        assert json.loads(ws.receive_text())["type"] == "observation"
+        for frame, says in ((b"\xff\xfe", "not UTF-8"), ('{"type": "step", "data": {"reply": "ACTION: wait()\\ud800"}}', "lone surrogate"),
+                            ("[" * 100_000 + "]" * 100_000, "nested too deeply")):
+            ws.send_bytes(frame) if isinstance(frame, bytes) else ws.send_text(frame)
+            answer = json.loads(ws.receive_text())
+            assert answer["type"] == "error" and says in answer["data"]["message"], answer
+        ws.send_text('{"type": "step", "data": {"reply": "ACTION: wait()"}}')
+        answer = json.loads(ws.receive_text())
+        assert answer["type"] == "observation" and answer["data"]["observation"]["metadata"]["executed"] == "wait()"
+        ws.send_text('{"type": "state"}')
+        assert json.loads(ws.receive_text())["data"]["step_count"] == 1  # the refused messages played nothing
+
+
+def test_fuzzed_doors_never_fail_the_server():
+    """Hypothesis over OpenEnv's doors: any JSON body to /reset and /step, and any message on a WebSocket
+    session, is answered (a 4xx or an error message at worst), and the session stays usable."""
+    from fastapi.testclient import TestClient
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    app = make_app()
+    http = TestClient(app, raise_server_exceptions=False)
+    leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20)
+    values = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                          max_leaves=10)
+    keys = st.sampled_from(["seed", "scenario", "episode_id", "reply", "action", "type", "data", "colour"])
+    bodies = st.dictionaries(keys, values, max_size=4)
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(reset=bodies, step=bodies)
+    def http_doors(reset, step):
+        for path, body in (("/reset", reset), ("/step", step)):
+            r = http.post(path, json=body)
+            assert r.status_code < 500, (path, body, r.status_code, r.text)
+
+    http_doors()
+    messages = st.fixed_dictionaries({"type": st.sampled_from(["reset", "step", "state", "close", "nope"]), "data": bodies})
+    with TestClient(app).websocket_connect("/ws") as ws:
+        @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(msg=messages)
+        def ws_door(msg):
+            if msg["type"] == "close":
+                return  # closing is a client's right, not bad input
+            ws.send_text(json.dumps(msg))
+            assert json.loads(ws.receive_text())["type"] in ("observation", "state", "error")
+
+        ws_door()
+        ws.send_text('{"type": "reset", "data": {"seed": 2, "scenario": "book_club"}}')
+        assert json.loads(ws.receive_text())["type"] == "observation"
 
 
 def test_a_client_that_goes_away_frees_its_session():

@@ -17,3 +17,10 @@ def test_reading_is_strict_about_lines():
     assert reply_fields("say: hi\u2028ACTION: end()") == {"SAY": "hi\u2028ACTION: end()"}  # one line: no action
     assert reply_fields("ACTION: end()\nACTION: wait()") == {"ACTION": "end()"}  # the first wins
     assert action_kind("SAY: ACTION: end(") is None and action_kind("BELIEF:\nACTION: wait()") == "wait"
+
+
+def test_labels_are_ascii():
+    """A label is matched case-insensitively in ASCII only: a dotless i (U+0131) or a long s (U+017F),
+    which Unicode case folding maps to I and S, make no label."""
+    assert reply_fields("ACT\u0131ON: wait()\n\u017fAY: hi") == {}
+    assert reply_fields("action: wait()\nSay: hi") == {"ACTION": "wait()", "SAY": "hi"}

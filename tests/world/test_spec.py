@@ -185,11 +185,11 @@ FILE_ERRORS = [  # (id, how to make the path, text of the one-line error)
     ("directory", lambda d: (d / "folder.yaml").mkdir() or d / "folder.yaml", "is a directory, not a scenario file"),
     ("not-utf8", lambda d: (d / "b.yaml").write_bytes(b"id: caf\xe9\n") and d / "b.yaml", "not UTF-8 text"),
     ("empty", lambda d: (d / "e.yaml").write_text("  \n") and d / "e.yaml", "the file is empty"),
-    ("deep", lambda d: (d / "n.yaml").write_text("[" * 20000 + "]" * 20000) and d / "n.yaml", "nested too deeply"),
+    ("deep", lambda d: (d / "n.yaml").write_text("[" * 20000 + "]" * 20000) and d / "n.yaml", "line 1: nested more than 64 deep"),
     ("duplicate-key", lambda d: (d / "k.yaml").write_text("id: a-v1\nname: x\nid: b-v1\n") and d / "k.yaml",
      "not valid YAML: found duplicate key 'id' (first at line 1) (line 3, column 1)"),
     ("too-large", lambda d: (d / "big.yaml").write_text("# " + "x" * 1_000_000) and d / "big.yaml",
-     "a scenario file may be at most 1 MB (1000000 bytes)"),
+     "more than 1000000 bytes; a scenario file may be at most 1 MB"),
 ]
 
 

@@ -198,6 +198,8 @@ def remake_reports(out: str | Path, log: Callable[[str], None] = print) -> Bench
     the reports follow it) and, for a bench, the episodes in its folder. Nothing is run."""
     from socialworld.bench.report import write_reports, write_suite_reports
 
+    if not Path(out).is_dir():
+        raise ValueError(f"{out}: no such folder")
     run = RunDir(out)
     if run.complete("suite.json"):
         suite = read_document(run.path("suite.json"), SuiteDoc)

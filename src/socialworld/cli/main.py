@@ -19,7 +19,7 @@ from socialworld.cli.options import config_command, fail, require
 from socialworld.cli.progress import bars, with_bars
 from socialworld.config import SHARE, at_least, within
 from socialworld.learn.config import LoopConfig
-from socialworld.learn.runconfig import RECORDED_KEYS, migrate
+from socialworld.learn.runconfig import RECORDED_KEYS, read_as_claimed
 from socialworld.metric_registry import CR, KEYS, METRICS, PASS, SOLVE, D
 from socialworld.rollout.config import EvalConfig, help_for
 from socialworld.swm.config import ChainConfig, ForeseeConfig, TomConfig
@@ -217,7 +217,7 @@ def _run_loop(cfg) -> None:
 
 
 config_command(app, "loop", LoopConfig, _run_loop, aliases={"scenarios": "--scenario"}, ignore=RECORDED_KEYS,
-               migrate=migrate)
+               migrate=read_as_claimed)
 
 
 @app.command("gate")
@@ -344,7 +344,7 @@ def _run_bench(cfg, suite: str = "main") -> None:
 
 
 config_command(app, "bench", BenchConfig, _run_bench, aliases={"scenarios": "--scenario"}, ignore=RECORDED_KEYS,
-               migrate=migrate, extra=[
+               migrate=read_as_claimed, extra=[
     _param("suite", Literal["main", "methods", "ablations"], typer.Option(
         "main", help="main (arms A, B, C and references), methods (M0-M4) or ablations (E0-E6; with the bundled model "
                      "as --judge unless one is named, so E2 has proxy evidence to admit)"))])

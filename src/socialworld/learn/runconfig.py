@@ -97,6 +97,17 @@ def migrate(doc: dict[str, Any], where: str | Path = "config.yaml") -> dict[str,
     return out | {VERSION_KEY: CONFIG_VERSION}
 
 
+def read_as_claimed(doc: dict[str, Any], where: str | Path = "config.yaml") -> dict[str, Any]:
+    """A config file (``--config FILE``) read as what it claims to be: a run's stored ``config.yaml`` —
+    it names its ``config_version``, or a key only a run records (its user scenarios' hashes, its metrics
+    contract, its pair format) — through :func:`migrate`; any other file as this version's fields, as
+    written (a key that is no field, a removed one too, is then refused by name: a file without a
+    version was once read as a v1 run's, so ``cycles: 2`` alone trained in float32)."""
+    if isinstance(doc, dict) and any(k in doc for k in RECORDED_KEYS):
+        return migrate(doc, where)
+    return doc
+
+
 def check_compatible(stored: dict[str, Any], where: str | Path) -> None:
     """Raise unless a stored (migrated) config's run can be continued by this version: the same
     metrics contract (:class:`~socialworld.metrics.core.ContractMismatch`) and the same pair format."""

@@ -16,12 +16,25 @@
   server). ``socialworld env serve`` runs it.
 * :class:`SocialWorldClient` is OpenEnv's ``EnvClient`` for it (``.sync()`` for plain code).
 
-An unknown scenario, a seed that is not an integer in [0, 2**63), an unknown ``reset`` argument or a
-step before ``reset`` / after the end is an error from the call, with a message; the session stays.
+What the doors accept (every refusal a message, never a server error, never a traceback in the log):
+
+* ``reset``: ``seed`` an integer in [0, 2**63) or none, ``scenario`` one the server offers (id or short
+  name), ``episode_id`` any text; anything else is a :class:`RequestError` (HTTP 400; an error message on
+  the WebSocket, the session stays).
+* ``step``: a reply is any text without lone surrogates (U+D800–U+DFFF: no UTF-8 text can carry them, so
+  a turn played with one could never be answered; refused before the world sees it); one that does not
+  parse is the world's own penalised ``wait()``. A step before ``reset`` or after the end is a
+  :class:`RequestError`. OpenEnv's stateless HTTP ``POST /step`` makes a new environment for every
+  request, so it can never play this environment's episodes: it answers 400 saying to use the
+  WebSocket (``/ws``, :class:`SocialWorldClient`).
+* a binary WebSocket frame is read as its UTF-8 text; one that is not UTF-8 gets an error message, and
+  the session stays.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 import uuid
 from functools import partial
@@ -29,12 +42,20 @@ from typing import Any
 
 from openenv.core import Action, EnvClient, Environment, Observation, State, create_app
 from openenv.core.client_types import StepResult
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from socialworld.rollout.textenv import ChatMode, TextEpisode, TextMode
 from socialworld.world.spec import ScenarioSpec, capped, load_builtin_scenarios, named
 
 ENV_NAME = "socialworld"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+STATELESS_STEP = ("POST /step cannot play an episode here: OpenEnv's HTTP routes make a new environment for every request, "
+                  "and this environment keeps its episode in a session; play over the WebSocket (/ws; SocialWorldClient)")
+
+
+class RequestError(ValueError):
+    """A client's request this environment refuses (bad arguments, no episode to step): the call's error
+    with a message (HTTP 400; a WebSocket error message, the session kept), never a server failure."""
 
 
 class SocialAction(Action):
@@ -42,6 +63,14 @@ class SocialAction(Action):
     ``ACTION`` is required; the legal actions are in the observation)."""
 
     reply: str = Field(..., description="the reply: BELIEF/ACTION/SAY lines, ACTION required")
+
+    @field_validator("reply")
+    @classmethod
+    def _sendable(cls, reply: str) -> str:
+        if (m := _SURROGATE.search(reply)) is not None:
+            raise ValueError(f"the reply holds a lone surrogate (U+{ord(m.group()):04X}) at character {m.start()}, "
+                             "which no UTF-8 text can carry")
+        return reply
 
 
 class SocialObservation(Observation):
@@ -85,9 +114,11 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
     def reset(self, seed: int | None = None, episode_id: str | None = None, scenario: str | None = None,
               **kwargs: Any) -> SocialObservation:
         if kwargs:
-            raise ValueError(f"reset takes seed, episode_id and scenario, not {', '.join(sorted(kwargs))}")
+            raise RequestError(f"reset takes seed, episode_id and scenario, not {', '.join(sorted(kwargs))}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-            raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+            raise RequestError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+        if episode_id is not None and (not isinstance(episode_id, str) or _SURROGATE.search(episode_id)):
+            raise RequestError("episode_id must be text (UTF-8)")
         spec = self._scenario(scenario or self.default)
         seed = secrets.randbits(63) if seed is None else seed
         self.episode = TextEpisode(capped(spec, self.max_turns), seed, self.mode, self.chat)
@@ -96,7 +127,9 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
 
     def step(self, action: SocialAction, timeout_s: float | None = None, **kwargs: Any) -> SocialObservation:  # type: ignore[override]
         if self.episode is None:
-            raise RuntimeError("call reset() first")
+            raise RequestError("no episode: call reset() first")
+        if self.episode.world.done:
+            raise RequestError("the episode is over: call reset() to start another")
         reward, done, happened = self.episode.step(action.reply)
         self._state.step_count += 1
         return self._observe(reward, done, happened)
@@ -106,9 +139,9 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
         return self._state
 
     def _scenario(self, name: str) -> ScenarioSpec:
-        found = named(self.scenarios, name)
+        found = named(self.scenarios, name) if isinstance(name, str) and not _SURROGATE.search(name) else []
         if not found:
-            raise ValueError(f"unknown scenario {name!r}; this server has {', '.join(self.scenarios)}")
+            raise RequestError(f"unknown scenario {name!r}; this server has {', '.join(self.scenarios)}")
         return found[-1]  # as resolve_scenarios: the last of several versions
 
     def _observe(self, reward: float | None, done: bool, happened: dict[str, Any]) -> SocialObservation:
@@ -123,10 +156,102 @@ def make_app(scenarios: dict[str, ScenarioSpec] | None = None, max_sessions: int
              max_turns: int = 0, chat: ChatMode = "state") -> Any:
     """OpenEnv's FastAPI app serving :class:`SocialWorldEnvironment` over ``scenarios`` (default: the
     shipped ones): one environment per WebSocket session, at most ``max_sessions`` at once."""
+    from fastapi import Request
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exceptions import RequestValidationError
+
+    _AsciiJSON = _ascii_json()
+
     specs = scenarios if scenarios is not None else load_builtin_scenarios()
     factory = partial(SocialWorldEnvironment, specs, None, observation, max_turns, chat)
-    return create_app(factory, SocialAction, SocialObservation, env_name=ENV_NAME, max_concurrent_envs=max_sessions,
-                      state_cls=SocialState)
+    app = create_app(factory, SocialAction, SocialObservation, env_name=ENV_NAME, max_concurrent_envs=max_sessions,
+                     state_cls=SocialState)
+    # the stateless HTTP step can never play an episode here: a clear 400 in place of OpenEnv's handler
+    app.router.routes = [r for r in app.router.routes if not (getattr(r, "path", None) == "/step" and "POST" in getattr(r, "methods", ()))]
+
+    @app.post("/step", tags=["Environment Control"], status_code=400, response_model=None)
+    async def step_stateless():  # type: ignore[no-untyped-def]
+        return _AsciiJSON(status_code=400, content={"detail": STATELESS_STEP})
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, err: RequestError):  # type: ignore[no-untyped-def]
+        return _AsciiJSON(status_code=400, content={"detail": str(err)})
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError):  # type: ignore[no-untyped-def]
+        # FastAPI's own answer echoes the input, and one holding a lone surrogate could not be encoded (a 500)
+        return _AsciiJSON(status_code=422, content={"detail": jsonable_encoder(err.errors())})
+
+    return _TextFrames(app)
+
+
+def _ascii_json() -> type:
+    from fastapi.responses import JSONResponse
+
+    class AsciiJSON(JSONResponse):
+        """JSON with every non-ASCII character escaped: any text a client sent can be echoed back."""
+
+        def render(self, content: Any) -> bytes:
+            return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+    return AsciiJSON
+
+
+def _unsendable(value: Any) -> bool:
+    """Whether a decoded JSON value holds a lone surrogate in any string (key or value)."""
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_unsendable(k) or _unsendable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_unsendable(v) for v in value)
+    return False
+
+
+class _TextFrames:
+    """ASGI wrapper of the app's WebSocket doors: a binary frame reaches OpenEnv as its UTF-8 text (OpenEnv
+    reads text frames only, and answered a binary one with the error ``'text'``); one that is not UTF-8,
+    a message whose JSON holds a lone surrogate (OpenEnv's error would echo it and fail to encode,
+    ending the session) or is nested too deeply for Python's parser, is answered with an error message here and never reaches the environment.
+    Everything else passes."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __getattr__(self, name: str) -> Any:  # the FastAPI app's own attributes (routes, state, ...)
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") != "websocket":
+            return await self.app(scope, receive, send)
+
+        async def refuse(message: str) -> None:
+            await send({"type": "websocket.send", "text": json.dumps({"type": "error", "data": {"message": message, "code": "INVALID_JSON"}})})
+
+        async def text_receive() -> dict:
+            while True:
+                msg = await receive()
+                if msg.get("type") != "websocket.receive":
+                    return msg
+                text = msg.get("text")
+                if text is None and msg.get("bytes") is not None:
+                    try:
+                        text = msg["bytes"].decode("utf-8")
+                    except UnicodeDecodeError as err:
+                        await refuse(f"a binary frame that is not UTF-8 text (byte {err.start}); send JSON messages as text")
+                        continue
+                try:
+                    if _unsendable(json.loads(text or "null")):
+                        await refuse("the message holds a lone surrogate (U+D800-U+DFFF), which no UTF-8 text can carry")
+                        continue
+                except RecursionError:
+                    await refuse("the message's JSON is nested too deeply")
+                    continue
+                except ValueError:
+                    pass  # OpenEnv answers malformed JSON itself
+                return {"type": "websocket.receive", "text": text}
+
+        return await self.app(scope, text_receive, send)
 
 
 class SocialWorldClient(EnvClient[SocialAction, SocialObservation, SocialState]):

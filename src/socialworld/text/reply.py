@@ -17,7 +17,9 @@ import re
 BELIEF, ACTION, SAY = "BELIEF:", "ACTION:", "SAY:"
 """the three lines' labels, in the order a turn writes them"""
 
-_LINE = re.compile(r"^\s*(BELIEF|ACTION|SAY)\s*:(.*)$", re.I)  # the value is stripped in Python: linear time
+_LINE = re.compile(r"^\s*(BELIEF|ACTION|SAY)\s*:(.*)$", re.I | re.A)
+"""a labelled line; labels are ASCII, matched case-insensitively in ASCII only (``ACTıON`` with a dotless i is no
+label); the value is stripped in Python: linear time"""
 BELIEF_ITEM = re.compile(r"^([a-z0-9_]+)\s*=\s*([a-z0-9_]+)$")
 """one ``key=value`` item of a BELIEF line"""
 _ACTION_KIND = re.compile(r"^ACTION:\s*(\w+)\(", re.MULTILINE)

@@ -453,12 +453,13 @@ def read_yaml(path: str | Path) -> object:
     :class:`ScenarioError` naming the file."""
     path = Path(path)
     try:
-        size = path.stat().st_size
         if path.is_dir():
             raise ScenarioError(f"{path}: is a directory, not a scenario file")
-        if size > MAX_SPEC_BYTES:
-            raise ScenarioError(f"{path}: {size} bytes; a scenario file may be at most 1 MB ({MAX_SPEC_BYTES} bytes)")
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:  # at most one byte past the cap, whatever stat says (/dev/zero says 0)
+            raw = f.read(MAX_SPEC_BYTES + 1)
+        if len(raw) > MAX_SPEC_BYTES:
+            raise ScenarioError(f"{path}: more than {MAX_SPEC_BYTES} bytes; a scenario file may be at most 1 MB")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ScenarioError(f"{path}: no such file") from None
     except UnicodeDecodeError as err:
@@ -468,11 +469,30 @@ def read_yaml(path: str | Path) -> object:
     if not text.strip():
         raise ScenarioError(f"{path}: the file is empty")
     try:
+        _check_depth(text, path)
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as err:
         raise ScenarioError(f"{path}: not valid YAML: {_yaml_problem(err)}") from None
     except RecursionError:
         raise ScenarioError(f"{path}: not valid YAML: nested too deeply") from None
+
+
+MAX_YAML_DEPTH = 64
+"""the deepest nesting of mappings and sequences a scenario file may have (the shipped ones: 5)"""
+
+
+def _check_depth(text: str, path: Path) -> None:
+    """Refuse, naming the line, a document nested deeper than :data:`MAX_YAML_DEPTH` (read as a stream of
+    parse events, which never recurses, before anything builds it)."""
+    depth = 0
+    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                line = ev.start_mark.line + 1 if ev.start_mark is not None else "?"
+                raise ScenarioError(f"{path}: line {line}: nested more than {MAX_YAML_DEPTH} deep")
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
 
 
 def load_spec(path: str | Path) -> ScenarioSpec:

@@ -139,6 +139,9 @@ def _content(content: Any) -> str:
 
 
 MAX_RETRY_AFTER_S = 30.0
+MAX_REPLY_BYTES = 16 << 20
+"""the most bytes of one reply the client reads (a chat completion is a few kB; a server that announces or
+sends more is answered as a malformed reply, never by allocating what it asks for)"""
 
 
 def _retry_after(header: str | None) -> float:
@@ -296,12 +299,25 @@ class OpenAIBackend:
         with deadline:  # an error's body is read under it too
             try:
                 with _opener(deadline).open(req, timeout=self.timeout_s) as resp:
-                    data = json.loads(resp.read())
+                    announced = resp.getheader("Content-Length")
+                    size = int(announced) if announced is not None and announced.strip().isdigit() else None
+                    if size is not None and size > MAX_REPLY_BYTES:
+                        return fail(f"broken response from {self.base_url}: it announces {size} bytes, more than the "
+                                    f"{MAX_REPLY_BYTES} a reply may have"), None
+                    raw = resp.read(MAX_REPLY_BYTES + 1)
+                if len(raw) > MAX_REPLY_BYTES:
+                    return fail(f"broken response from {self.base_url}: more than the {MAX_REPLY_BYTES} bytes a reply may have"), None
+                if size is not None and len(raw) < size:
+                    if deadline.expired:  # the watchdog cut the reply short
+                        return fail(f"cannot reach {self.base_url}: no complete reply within {self.timeout_s:g} s"), None
+                    return fail(f"broken response from {self.base_url}: {len(raw)} of the {size} bytes it announced"), None
+                data = json.loads(raw)
                 text = _content(data["choices"][0]["message"]["content"])
                 usage = data.get("usage") or {}
                 return Completion(text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
                                   time.perf_counter() - t0), None
-            except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+            except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError, AttributeError,
+                    RecursionError, MemoryError) as err:  # a reply nested too deeply for the parser, or too large: malformed
                 if deadline.expired:  # whatever broke, it broke because the watchdog cut the request short
                     return fail(f"cannot reach {self.base_url}: no complete reply within {self.timeout_s:g} s ({err!r})"), None
                 msg, wait = self._classify(err)
@@ -319,7 +335,9 @@ class OpenAIBackend:
         if isinstance(err, OSError):  # URLError, a socket timeout, a reset connection
             refused = isinstance(getattr(err, "reason", err), ConnectionRefusedError)
             return f"cannot reach {self.base_url}: {err}", (-1.0 if refused else None)
-        return f"malformed response from {self.base_url}: {err!r}", None
+        if isinstance(err, RecursionError):
+            return f"malformed response from {self.base_url}: JSON nested too deeply", None
+        return f"malformed response from {self.base_url}: {err!r}"[:500], None
 
     def complete(self, conversations: Sequence[Messages]) -> list[Completion]:
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:

@@ -39,9 +39,9 @@ import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal, Protocol, Sequence
+from typing import Annotated, Any, Callable, Iterator, Literal, Protocol, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 Finish = Literal["stop", "length"]
 log = logging.getLogger("socialworld.serve")
@@ -50,17 +50,29 @@ log = logging.getLogger("socialworld.serve")
 # ------------------------------------------------------------------ the request, as the server reads it
 
 
+def _encodable(text: str) -> str:
+    """Text the tokenizer and the reply can carry: a lone surrogate (U+D800-U+DFFF, which a JSON escape can
+    spell) is refused as bad input, where it failed in the tokenizer as a 500."""
+    for i, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            raise ValueError(f"a lone surrogate (U+{ord(ch):04X}) at character {i}, which no UTF-8 text can carry")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+    content: Text | list[TextPart]
+    name: Text | None = None
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -81,7 +93,7 @@ class StructuredOutputs(BaseModel):
     grammar as a regular expression (:func:`~socialworld.agents.lm.constrained.program_regex`)."""
 
     model_config = ConfigDict(extra="forbid")
-    regex: str
+    regex: Text
 
 
 class ChatRequest(BaseModel):
@@ -94,7 +106,7 @@ class ChatRequest(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1, strict=True)
     max_completion_tokens: int | None = Field(None, ge=1, strict=True)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     seed: int | None = Field(None, strict=True, ge=-(2**63), le=2**63 - 1)  # int64, as OpenAI's API and torch's seed take
     n: int = Field(1, ge=1, strict=True)
     stream: bool = False
@@ -104,7 +116,7 @@ class ChatRequest(BaseModel):
     presence_penalty: Literal[0] = 0
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20, strict=True)
-    user: str | None = None
+    user: Text | None = None
     structured_outputs: StructuredOutputs | None = None
 
     def stops(self) -> tuple[str, ...]:
