@@ -58,6 +58,12 @@ class CycleFiles:
         return f"{self.root}/eval/episodes.jsonl"
 
     @property
+    def holdout(self) -> str:
+        """the deployed policy's episodes on the held-out scenarios' evaluation seeds (cycle 0 and the last
+        cycle of a run with ``holdout``)"""
+        return f"{self.root}/eval/holdout.jsonl"
+
+    @property
     def summary(self) -> str:
         return f"{self.root}/summary.json"
 

@@ -119,16 +119,16 @@ CHATML = (
 
 
 def tiny_corpus() -> list[str]:
-    """The text :func:`tiny_lm`'s tokenizer is trained on: every template string and the shipped
-    scenarios. Only the templates' own names: a module's ``__file__`` would make the tokenizer,
+    """The text :func:`tiny_lm`'s tokenizer is trained on: every template string (each policy system
+    message once) and the shipped scenarios. Only the templates' own names: a module's ``__file__`` would make the tokenizer,
     and so every tiny model's output, depend on where the repository is checked out."""
     from socialworld.text import templates
     from socialworld.world.spec import load_builtin_scenarios
 
     corpus = [t for k, t in vars(templates).items() if isinstance(t, str) and not k.startswith("__")]
     corpus += [str(v) for d in (templates.NPC_REPLIES, templates.AGENT_UTTERANCES) for v in d.values()]
-    corpus += [p.system for p in templates.POLICY_PROMPTS.values()]
-    return corpus + [s.model_dump_json() for s in load_builtin_scenarios().values()]
+    corpus += list(dict.fromkeys(p.system for p in templates.POLICY_PROMPTS.values()))  # each once: a new prompt version
+    return corpus + [s.model_dump_json() for s in load_builtin_scenarios().values()]  # on an old system text changes nothing
 
 
 def tiny_lm(folder, seed: int = 0, vocab_size: int = 600):

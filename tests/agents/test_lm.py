@@ -113,7 +113,7 @@ def test_prompt_names_the_option_the_known_wants_favour(specs):
     for sid in ("team_lunch-v1", "birthday_budget-v1", "book_club-v1"):
         for seed, steps in ((seed, steps) for seed in range(1, 7) for steps in range(0, 8)):
             obs = _obs(specs, sid, seed=seed, steps=steps, policy="random")
-            text = build_messages(obs)[1]["content"]
+            text = build_messages(obs, "policy-v6")[1]["content"]
             assert "favoured:" not in build_messages(obs, "policy-v5")[1]["content"]
             b = Beliefs().update(obs)
             for s in obs.slots:
@@ -142,7 +142,7 @@ def test_prompt_shows_what_each_stakeholder_wants(specs):
     for sid in ("team_lunch-v1", "activity_debrief-v1"):
         for seed, steps in ((seed, steps) for seed in range(1, 9) for steps in range(0, 6)):
             obs = _obs(specs, sid, seed=seed, steps=steps, policy="random")  # random play inquires: every case occurs
-            text = build_messages(obs)[1]["content"]
+            text = build_messages(obs, "policy-v6")[1]["content"]
             assert "wants:" not in build_messages(obs, "policy-v3")[1]["content"]
             for s in obs.slots:
                 if s.status != "open":
@@ -661,16 +661,17 @@ def test_prompt_says_when_everyone_here_agrees(specs):
     for sid in ("team_lunch-v1", "book_club-v1", "hackathon-v1"):
         for seed, steps in ((seed, steps) for seed in range(1, 5) for steps in range(0, 10)):
             obs = _obs(specs, sid, seed=seed, steps=steps)
-            text = build_messages(obs)[1]["content"]
             assert POLICY_ALL_AGREE not in build_messages(obs, "policy-v4")[1]["content"]
             here = {n.id for n in obs.npcs if n.present}
-            for s in obs.slots:
-                if s.status != "open":
-                    continue
-                line = next(x for x in text.splitlines() if x.startswith(f"{s.id}: open"))
-                agreed = s.proposal is not None and all(h in s.accepted_by for h in s.stakeholders if h in here)
-                assert (POLICY_ALL_AGREE in line) == agreed
-                seen.add(agreed)
+            for version, opening in (("policy-v6", ": open"), ("policy-v8", ":")):
+                text = build_messages(obs, version)[1]["content"]
+                for s in obs.slots:
+                    if s.status != "open":
+                        continue
+                    line = next(x for x in text.splitlines() if x.startswith(f"{s.id}{opening}"))
+                    agreed = s.proposal is not None and all(h in s.accepted_by for h in s.stakeholders if h in here)
+                    assert (POLICY_ALL_AGREE in line) == agreed, version
+                    seen.add(agreed)
     assert seen == {True, False}
 
 

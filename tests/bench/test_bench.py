@@ -133,6 +133,24 @@ def test_bench_smoke_on_a_user_scenario_file(tiny, tmp_path, my_lunch):
         run_bench(BenchConfig(**{**cfg.__dict__, "scenarios": (str(changed), "book_club")}), log=lambda _: None)
 
 
+def test_bench_reports_the_held_out_scenarios_apart(tiny, tmp_path):
+    """``--holdout``: B never trains on the held-out scenario; every arm is evaluated on it at the last
+    cycle, apart from the tiers' tables, and the report says so with B's paired differences."""
+    cfg = BenchConfig(out=str(tmp_path / "b"), model=tiny, preset="smoke", cycles=2, lm_batch_size=4, resamples=1000,
+                      scenarios=("team_lunch", "activity_debrief", "book_club"), holdout=("activity_debrief",))
+    res = run_bench(cfg, log=lambda _: None)
+    for arm in ("A", "B", "C", "oracle", "random"):  # the tiers' tables hold the trained scenarios alone
+        assert {e.scenario_id for c in (1, 2) for e in res.per_cycle[arm][c]} == {"team_lunch-v1", "book_club-v1"}, arm
+    h = res.doc.holdout
+    assert h is not None and h.scenarios == ["activity_debrief-v1"] and set(h.main) == {"A", "B", "C", "oracle", "random"}
+    assert set(h.paired) == {"B-A", "B-C"} and h.main["B"]["pass"].n == PRESETS["smoke"].eval_episodes
+    assert res.doc.config["holdout"] == ["activity_debrief-v1"]
+    text = (tmp_path / "b" / "report.md").read_text()
+    assert "Scenarios never trained on" in text and "activity_debrief-v1" in text.split("Scenarios never trained on")[1]
+    doc = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert doc["holdout"]["scenarios"] == ["activity_debrief-v1"]
+
+
 def test_bench_with_a_judge_reports_it_beside_the_rule_metrics(tiny, tmp_path):
     cfg = BenchConfig(out=str(tmp_path / "j"), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000, judge=tiny)
     res = run_bench(cfg, log=lambda _: None)

@@ -453,3 +453,51 @@ def test_a_run_killed_at_a_random_moment_resumes_to_the_same_artifacts(tiny_dir,
     got = _artifacts(run)
     assert sorted(got) == sorted(want)
     assert [k for k in want if got[k] != want[k]] == [], f"killed at {at:.1f} s of {whole:.1f} s"
+
+
+def test_holding_out_every_first_tier_scenario_is_refused_before_any_work(tiny_dir, tmp_path):
+    cfg = replace(_cfg(tiny_dir, tmp_path / "h"), tiers=("L0", "L1"), unlock="progressive")
+    with pytest.raises(ValueError, match="leaves no L0 scenario to train on"):
+        run_loop(replace(cfg, holdout=("team_lunch", "activity_debrief-v1")))
+    with pytest.raises(ValueError, match="--holdout picnic: not one of the run's scenarios"):
+        run_loop(replace(cfg, holdout=("picnic",)))
+    assert not (tmp_path / "h").exists()
+
+
+@slow
+def test_a_held_out_scenario_is_never_trained_on_and_is_evaluated_apart(tiny_dir, tmp_path):
+    """``holdout``: no wake, reference episode or pair on the held-out scenario; the untrained policy and
+    the last cycle's evaluated on it apart from the tiers, and the summary pairs the two. Reference
+    episodes beyond the wake's seeds on variants of their scenario (``reference_varied``) give pairs at
+    the variants' states."""
+    from socialworld.learn.pairs.record import read_pairs
+    from socialworld.records import read_jsonl
+    from socialworld.world.variation import parse_variant
+
+    run = tmp_path / "run"
+    cfg = replace(_cfg(tiny_dir, run), cycles=2, scenarios=("team_lunch", "activity_debrief"), holdout=("activity_debrief",),
+                  reference_episodes=3, reference_varied=1.0)
+    cfg = replace(cfg, sleep=replace(cfg.sleep, sources=("action", "reference", "dialogue", "utterance", "judge"), reference_chosen="own"),
+                  train=replace(cfg.train, method="listwise", activated=True))
+    out = run_loop(cfg, log=lambda _: None)
+    for c in (1, 2):
+        wake = read_jsonl(run / f"cycle-{c}/wake/episodes.jsonl")
+        ref = read_jsonl(run / f"cycle-{c}/wake/reference.jsonl")
+        assert {e.scenario_id for e in wake} == {"team_lunch-v1"}
+        # the wake's seed on the scenario itself, the two beyond it on two new variants of it
+        assert sorted(e.scenario_id for e in ref if parse_variant(e.scenario_id) is None) == ["team_lunch-v1"]
+        assert {parse_variant(e.scenario_id) for e in ref} - {None} == {("team_lunch-v1", 1000 * c + 1), ("team_lunch-v1", 1000 * c + 2)}
+        pairs = read_pairs(run / f"cycle-{c}/sleep/pairs-action.parquet")
+        assert not any(p.scenario_id.startswith("activity_debrief") for p in pairs)
+        assert any(parse_variant(p.scenario_id) for p in pairs)
+        assert {e.scenario_id for e in read_jsonl(run / f"cycle-{c}/eval/episodes.jsonl")} == {"team_lunch-v1"}
+    for c in (0, 2):  # the untrained policy and the last cycle's on the held-out scenario
+        assert {e.scenario_id for e in read_jsonl(run / f"cycle-{c}/eval/holdout.jsonl")} == {"activity_debrief-v1"}
+    assert not (run / "cycle-1/eval/holdout.jsonl").exists()
+    assert out[0].holdout is None and out[1].holdout is not None and set(out[1].holdout_vs_baseline) >= {"pass", "CR"}
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    assert stored["holdout"] == ["activity_debrief-v1"] and stored["reference_varied"] == 1.0
+    # resumed: nothing made again
+    logs = []
+    assert run_loop(replace(cfg, holdout=("activity_debrief-v1",)), log=logs.append) == out
+    assert not any("wake" in m for m in logs)

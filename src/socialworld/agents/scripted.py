@@ -31,8 +31,10 @@ from socialworld.world.visibility import legal_actions
 
 _ORDER = {"low": 0, "mid": 1, "high": 2}
 RANDOM_VERSION = "random-v1"
-EXPERT_VERSION = "expert-v2"
-"""v2 proposes first and asks only after a rejection (v1 asked everyone about everything first)"""
+EXPERT_VERSION = "expert-v3"
+"""v3 reads what it did from the observation's moves (whom it asked, approached, pressed, what it
+offered), so fed another policy's states it labels what that policy's record supports; v2 proposes
+first and asks only after a rejection (v1 asked everyone about everything first)"""
 ORACLE_VERSION = "oracle-v2"
 """v2 never makes an offer that adds nothing to the concession already held"""
 
@@ -123,9 +125,30 @@ class _ExpertMemory:
     pressed: set[tuple[str, str, str]] = field(default_factory=set)  # (npc, slot, option) re-asked one-to-one
     conflict_tries: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
+    def recall(self, obs: Observation) -> _ExpertMemory:
+        """What the agent did, read again from ``obs.moves`` (public: the agent's own record): whom it
+        asked about what and how often, whom it approached, which offers it made, whom it re-asked
+        one-to-one. What the expert judged (options given up, whom it repaired and why) stays its own.
+        So at another policy's states (a DAgger label) the expert acts on what was done there, not on
+        what it would have done; on its own episodes the two are the same."""
+        self.asked, self.approached, self.offered, self.pressed = Counter(), set(), set(), set()
+        for key in obs.moves:
+            if key.endswith("(illegal)") or key == "(unparseable)":
+                continue
+            a = Action.parse(key)
+            if a.kind == "inquire":
+                self.asked[(a.npc, a.slot)] += 1
+            elif a.kind == "approach":
+                self.approached.add(cast(str, a.npc))
+            elif a.kind == "negotiate":
+                self.offered.add(cast(tuple[str, str, str, str], (a.npc, a.slot, a.option, a.offer)))
+            elif a.kind == "propose" and a.npc != "all":
+                self.pressed.add(cast(tuple[str, str, str], (a.npc, a.slot, a.option)))
+        return self
+
 
 class ExpertPolicy:
-    """A competent organiser that sees only observations (``expert-v2``).
+    """A competent organiser that sees only observations (``expert-v3``).
 
     Per open decision, in order: propose to everyone at once the option the known wants favour
     (no known veto, within budget, a promised option first) — one turn hears every stakeholder;
@@ -136,7 +159,8 @@ class ExpertPolicy:
     is still open and nobody was promised it, then one one-to-one re-proposal once everyone else
     agreed; give up on an option only then. Quarrels are settled first (the more hurt party, by
     mood cue, first), then relationships before leaving. Its stated mental state infers
-    preferences from what was said and from who accepted what."""
+    preferences from what was said and from who accepted what. What it did it reads from the
+    observation's moves (:meth:`_ExpertMemory.recall`)."""
 
     policy_id = "expert"
 
@@ -153,7 +177,7 @@ class ExpertPolicy:
     def act(self, episode_keys: Sequence[str], observations: Sequence[Observation]) -> list[Decision]:
         out = []
         for k, obs in zip(episode_keys, observations):
-            m = self._mem.setdefault(k, _ExpertMemory())
+            m = self._mem.setdefault(k, _ExpertMemory()).recall(obs)
             b = m.beliefs.update(obs)
             a = self._choose(m, obs, b)
             out.append(Decision(a, self.stated(obs, b), raw=a.key))

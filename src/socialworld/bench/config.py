@@ -61,6 +61,8 @@ class Preset:
     """wake episodes of the deployed policy per scenario per cycle (language-model time)"""
     reference_episodes: int = 0
     """expert episodes per scenario per cycle on training seeds (no language-model time)"""
+    reference_varied: float = 0.0
+    """share of those beyond the wake's seeds played on a new variant of the scenario each"""
     train: TrainConfig = RECIPE_TRAIN
     sleep: SleepConfig = RECIPE_SLEEP
     dialogue_steps: int = 20
@@ -78,7 +80,7 @@ PRESETS: dict[str, Preset] = {
                     scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
     # the protocol's 45 evaluation episodes per arm and the recipe that learns: about 45 minutes on a
     # 2-core CPU with native bf16 (measured: see the README)
-    "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=12),
+    "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=12, reference_varied=0.5),
     # a suite's budget (--suite methods|ablations, each variant a whole loop): one scenario per tier, 4
     # evaluation seeds each (12 episodes at the last cycle, the default 24), the default recipe at 100
     # steps a cycle (the default 400) and 10 dialogue steps (20): about a third of a default loop's time
@@ -110,6 +112,9 @@ class BenchConfig:
     scenarios: tuple[str, ...] = field(default=(), metadata={"commas": False, "help": (
         "scenario ids or YAML paths of your own (repeatable), instead of the preset's; each unlocks with its tier "
         "(the preset's budget stays)")})
+    holdout: tuple[str, ...] = field(default=(), metadata={"help": (
+        "scenarios (ids or short names of the bench's) that B never trains on; every arm is evaluated on them "
+        "at the last cycle, apart from the tiers' tables (does the skill carry to scenarios it never saw?)")})
     max_endpoint_failures: float = field(default=0.2, metadata={"check": SHARE, "help": (
         "an arm on an openai: endpoint (the proxy): when more than this share of its steps got no reply, the bench "
         "stops with the endpoint's error instead of scoring it (its records kept in arms/<arm>/failed-episodes.jsonl)")})
@@ -139,8 +144,9 @@ class BenchConfig:
         p = PRESETS[self.preset]
         base = LoopConfig(out=str(Path(self.out) / BENCH_LOOP), model=self.model, cycles=self.cycles, tiers=TIERS,
                           train_episodes=p.train_episodes, reference_episodes=p.reference_episodes,
+                          reference_varied=p.reference_varied,
                           eval_episodes=p.eval_episodes, seed=self.seed,
-                          lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock,
+                          lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock, holdout=self.holdout,
                           adaptive_threshold=self.adaptive_threshold, scenarios=self.scenario_names(), max_turns=p.max_turns,
                           sleep=p.sleep, train=p.train, dialogue_steps=p.dialogue_steps, ray=self.ray, judge=self.judge)
         return replace(base, **over)

@@ -71,6 +71,19 @@ class BenchJudge(Document):
     """:meth:`socialworld.rollout.judge.RankAgreement.as_dict`"""
 
 
+class HeldOut(Document):
+    """With ``--holdout``: every arm on the scenarios B never trained on (the last cycle's adapters; A,
+    C and the references on the same seeds), apart from the tiers' tables."""
+
+    scenarios: list[str]
+    main: dict[str, PerMetric]
+    """arm -> metric -> interval over the held-out scenarios' episodes"""
+    paired: dict[str, PerMetric]
+    """``B-A``, ``B-C`` -> metric -> paired-bootstrap difference there"""
+    by_scenario: dict[str, dict[str, float]]
+    """arm -> scenario -> PassRate"""
+
+
 class BenchDoc(Document):
     """``bench.json``: every number of the report (:func:`socialworld.bench.protocol.bench_document`)."""
 
@@ -100,6 +113,8 @@ class BenchDoc(Document):
     diagnostics: dict[str, ArmDiagnostics]
     loop: list[CycleSummary]
     judge: BenchJudge | None = None
+    holdout: HeldOut | None = None
+    """the scenarios held out of training (absent without ``--holdout``)"""
 
 
 class SameRun(Document):

@@ -33,6 +33,7 @@ from socialworld.bench.document import (
     BenchDoc,
     BenchJudge,
     Coverage,
+    HeldOut,
     SameRun,
     SuiteDoc,
     Thresholds,
@@ -46,6 +47,7 @@ from socialworld.learn.loop import (
     check_model,
     check_unlockable,
     config_doc,
+    held_out,
     regate,
     run_loop,
 )
@@ -74,12 +76,14 @@ def bench_scenarios(cfg: BenchConfig, loop_dir: str | Path) -> RunScenarios:
     loop (in ``loop_dir``) stored, so a bench is resumed without the user's files."""
     scenarios = run_scenarios(cfg.scenario_names(), TIERS, loop_dir)
     check_unlockable(cfg.loop_config(), scenarios)
+    held_out(cfg.loop_config(), scenarios)
     return scenarios
 
 
 def recorded(cfg: BenchConfig, scenarios: RunScenarios) -> BenchConfig:
-    """``cfg`` as its run records it: scenarios of your own by id (none named: the preset's)."""
-    return replace(cfg, scenarios=scenarios.names if cfg.scenarios else ())
+    """``cfg`` as its run records it: scenarios of your own by id (none named: the preset's), held-out
+    scenarios by id."""
+    return replace(cfg, scenarios=scenarios.names if cfg.scenarios else (), holdout=held_out(cfg.loop_config(), scenarios))
 
 
 def eval_jobs(cfg: BenchConfig, scenarios: RunScenarios | None = None) -> list[EpisodeJob]:
@@ -139,8 +143,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
         if run.produce(rel, f"eval:{spec}", evaluate_arm):
             log(f"arm {arm} ({spec}): evaluated {len(jobs)} episodes")
     tiers_per_cycle = {s.cycle: s.tiers for s in summaries}
-    per_cycle = arm_episodes(cfg.out, tiers_per_cycle, list(arm_policies(cfg)))
-    doc = bench_document(recorded(cfg, scenarios), tiers_per_cycle, per_cycle, summaries)
+    kept = recorded(cfg, scenarios)
+    per_cycle = arm_episodes(cfg.out, tiers_per_cycle, list(arm_policies(cfg)), kept.holdout)
+    held = holdout_episodes(cfg.out, max(tiers_per_cycle), list(arm_policies(cfg)), kept.holdout)
+    doc = bench_document(kept, tiers_per_cycle, per_cycle, summaries, held)
     judged = _judge_arms(cfg, run, {arm: cyc[max(cyc)] for arm, cyc in per_cycle.items()}, scenarios, log)
     if judged:
         by_id = {r.episode_id: r for arm_recs in judged.values() for r in arm_recs}
@@ -151,7 +157,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
                inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)] + [f"judge/{a}.jsonl" for a in judged])
     from socialworld.bench.report import write_reports
 
-    write_reports(run, doc, per_cycle)
+    write_reports(run, doc, per_cycle, held)
     return BenchResult(cfg, tiers_per_cycle, per_cycle, summaries, doc)
 
 
@@ -178,18 +184,32 @@ def _judge_arms(cfg: BenchConfig, run: RunDir, last: dict[str, list[EpisodeRecor
     return out
 
 
-def arm_episodes(out: str | Path, tiers_per_cycle: dict[int, list[str]], proxies: Sequence[str]) -> dict[str, dict[int, list[EpisodeRecord]]]:
+def arm_episodes(out: str | Path, tiers_per_cycle: dict[int, list[str]], proxies: Sequence[str],
+                 holdout: Sequence[str] = ()) -> dict[str, dict[int, list[EpisodeRecord]]]:
     """arm -> cycle -> evaluation episodes, read from a bench folder: B's are its loop's evaluation
     of each cycle; A's (the loop's cycle 0) and each of ``proxies``' (``arms/<arm>/episodes.jsonl``)
-    are one evaluation of every tier, cut to the tiers each cycle unlocked."""
+    are one evaluation of every tier, cut to the tiers each cycle unlocked; the ``holdout`` scenarios'
+    episodes are left out (:func:`holdout_episodes`)."""
     loop_dir = Path(out) / BENCH_LOOP
-    static = {"A": read_jsonl(loop_dir / cycle_files(0).eval), **{a: read_jsonl(Path(out) / f"arms/{a}/episodes.jsonl") for a in proxies}}
+    static = {"A": read_jsonl(loop_dir / cycle_files(0).eval),
+              **{a: [e for e in read_jsonl(Path(out) / f"arms/{a}/episodes.jsonl") if e.scenario_id not in holdout] for a in proxies}}
     per_cycle: dict[str, dict[int, list[EpisodeRecord]]] = {arm: {} for arm in ("A", "B", *proxies)}
     for c, tiers in tiers_per_cycle.items():
         per_cycle["B"][c] = read_jsonl(loop_dir / cycle_files(c).eval)
         for arm, eps in static.items():
             per_cycle[arm][c] = _subset(eps, tiers)
     return per_cycle
+
+
+def holdout_episodes(out: str | Path, last: int, proxies: Sequence[str], holdout: Sequence[str]) -> dict[str, list[EpisodeRecord]]:
+    """arm -> its episodes on the ``holdout`` scenarios, read from a bench folder: A's the loop's cycle 0
+    made there, B's its cycle ``last``, each of ``proxies``' from its one evaluation (empty without
+    held-out scenarios)."""
+    if not holdout:
+        return {}
+    loop_dir = Path(out) / BENCH_LOOP
+    return {"A": read_jsonl(loop_dir / cycle_files(0).holdout), "B": read_jsonl(loop_dir / cycle_files(last).holdout),
+            **{a: [e for e in read_jsonl(Path(out) / f"arms/{a}/episodes.jsonl") if e.scenario_id in holdout] for a in proxies}}
 
 
 def remake_reports(out: str | Path, log: Callable[[str], None] = print) -> BenchDoc | SuiteDoc:
@@ -214,17 +234,28 @@ def remake_reports(out: str | Path, log: Callable[[str], None] = print) -> Bench
     inputs = [f"arms/{a}/episodes.jsonl" for a in proxies] + [f"judge/{a}.jsonl" for a in (doc.judge.arms if doc.judge else {})]
     if run.derive("bench.json", "bench", doc.to_json(), inputs=inputs):
         log(f"{run.path('bench.json')}: rewritten as {doc.schema_version}")
-    write_reports(run, doc, arm_episodes(out, {int(c): t for c, t in doc.tiers_per_cycle.items()}, proxies))
+    holdout = doc.holdout.scenarios if doc.holdout else []
+    write_reports(run, doc, arm_episodes(out, {int(c): t for c, t in doc.tiers_per_cycle.items()}, proxies, holdout),
+                  holdout_episodes(out, max(int(c) for c in doc.tiers_per_cycle), proxies, holdout))
     return doc
 
 
 def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_cycle: dict[str, dict[int, list[EpisodeRecord]]],
-                   loop_summaries: Sequence[CycleSummary] = ()) -> BenchDoc:
+                   loop_summaries: Sequence[CycleSummary] = (), holdout: dict[str, list[EpisodeRecord]] | None = None) -> BenchDoc:
     """Every number of the report, computed from records: per-arm metrics with intervals at the
     last cycle (the main table), paired B-A and B-C differences (every metric, and PassRate per
-    tier), R tables, forgetting, forward transfer and unlock cycles, and the loop's per-cycle
-    training summary."""
+    tier), R tables, forgetting, forward transfer and unlock cycles, the loop's per-cycle
+    training summary, and with ``holdout`` (arm -> episodes on the scenarios B never trained on) the
+    same main and paired numbers there."""
     kw = {"seed": cfg.seed, "resamples": cfg.resamples}
+    held = None
+    if holdout:
+        held = HeldOut(scenarios=sorted({e.scenario_id for e in holdout["B"]}),
+                       main={arm: {k: metric_interval(eps, k, **kw) for k in KEYS} for arm, eps in holdout.items()},
+                       paired={f"B-{o}": {k: paired_difference(holdout[o], holdout["B"], k, **kw) for k in KEYS}
+                               for o in ("A", "C") if o in holdout},
+                       by_scenario={arm: {sid: aggregate(v)[PASS] for sid, v in sorted(group_by(eps, "scenario_id").items())}
+                                    for arm, eps in holdout.items()})
     last = max(tiers_per_cycle)
     main = {arm: {k: metric_interval(cyc[last], k, **kw) for k in KEYS} for arm, cyc in per_cycle.items()}
     paired = {f"B-{o}": {k: paired_difference(per_cycle[o][last], per_cycle["B"][last], k, **kw) for k in KEYS}
@@ -254,6 +285,7 @@ def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_
         diagnostics={arm: ArmDiagnostics(coverage=Coverage.model_validate(coverage(cyc[last])), primary_failures=failure_counts(cyc[last]))
                      for arm, cyc in per_cycle.items()},
         loop=list(loop_summaries),
+        holdout=held,
     )
 
 

@@ -107,8 +107,22 @@ def judge_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def holdout_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
+    """Every arm on the scenarios B never trained on, and B's paired differences there (no rows without
+    held-out scenarios)."""
+    head = ["arm", "n"] + [m.label for m in METRICS] + ["PassRate by scenario"]
+    h = doc.holdout
+    if h is None:
+        return head, []
+    rows = [[arm, str(ivs[PASS].n)] + [_iv(ivs[k]) for k in KEYS]
+            + [", ".join(f"{sid} {v:.2f}" for sid, v in h.by_scenario.get(arm, {}).items())] for arm, ivs in h.main.items()]
+    rows += [[f"{name} (paired)", str(d[PASS].n)] + [_iv(d[k]) for k in KEYS] + ["–"] for name, d in h.paired.items()]
+    return head, rows
+
+
 TABLES = (("Main table (last cycle, 95% bootstrap intervals)", main_rows),
           ("PassRate differences by tier (last cycle, paired, 95% bootstrap intervals)", tier_rows),
+          ("Scenarios never trained on (held out of every cycle; the last cycle's policy; 95% bootstrap intervals)", holdout_rows),
           ("Hierarchical pass rates R[cycle][tier]", r_rows),
           ("Forgetting and forward transfer", lifelong_rows),
           ("Closed loop (arm B) per cycle", loop_rows),
@@ -418,6 +432,10 @@ def row_links(name: str, doc: BenchDoc) -> list[str | None]:
         return [f"arm={a}&cycle={last}&outcome=fail" for a in doc.diagnostics]
     if name == "judge_rows":
         return [f"arm={a}&cycle={last}" for a in (doc.judge.arms if doc.judge else {})]
+    if name == "holdout_rows" and doc.holdout is not None and len(doc.holdout.scenarios) == 1:
+        sid = doc.holdout.scenarios[0]
+        links: list[str | None] = [f"arm={a}&cycle={last}&scenario={sid}" for a in doc.holdout.main]
+        return links + [f"arm=B&cycle={last}&scenario={sid}" for _ in doc.holdout.paired]
     return []
 
 
@@ -610,8 +628,10 @@ def write_suite_reports(run: RunDir, doc: SuiteDoc) -> None:
     run.produce("report.html", "report", lambda p: atomic_write_text(p, suite_html(doc)), inputs=["suite.json"])
 
 
-def write_reports(run: RunDir, doc: BenchDoc, per_cycle: dict[str, dict[int, list[EpisodeRecord]]]) -> None:
-    """``report.md`` and ``report.html`` into the run folder, as manifest artifacts."""
+def write_reports(run: RunDir, doc: BenchDoc, per_cycle: dict[str, dict[int, list[EpisodeRecord]]],
+                  holdout: dict[str, list[EpisodeRecord]] | None = None) -> None:
+    """``report.md`` and ``report.html`` into the run folder, as manifest artifacts; the viewer shows
+    the ``holdout`` scenarios' episodes (arm -> episodes) with the last cycle's."""
     from socialworld.records import atomic_write_text
 
     shared: dict[str, int] = {}
@@ -620,6 +640,8 @@ def write_reports(run: RunDir, doc: BenchDoc, per_cycle: dict[str, dict[int, lis
         return shared.setdefault(text, len(shared))
 
     episodes = [viewer_episode(arm, c, e, intern) for arm, cyc in per_cycle.items() for c, eps in sorted(cyc.items()) for e in eps]
+    last = max((c for cyc in per_cycle.values() for c in cyc), default=0)
+    episodes += [viewer_episode(arm, last, e, intern) for arm, eps in (holdout or {}).items() for e in eps]
     run.produce("report.md", "report", lambda p: atomic_write_text(p, markdown(doc) + "\n"), inputs=["bench.json"])
     run.produce("report.html", f"report:{VIEWER_VERSION}",
                 lambda p: atomic_write_text(p, html_report(doc, plots(doc), episodes, list(shared))), inputs=["bench.json"])

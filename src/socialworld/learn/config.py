@@ -164,10 +164,18 @@ class LoopConfig:
     scenarios: tuple[str, ...] = field(default=(), metadata={"commas": False, "help": (
         "scenario ids or YAML paths of your own (repeatable; default: the shipped scenarios of the tiers); "
         "the run stores each file's spec and is resumed by id without it")})
+    holdout: tuple[str, ...] = field(default=(), metadata={"help": (
+        "scenarios of the run (ids or short names) never trained on: no wake, reference or pairs there; the "
+        "untrained policy and the last cycle's are evaluated on them apart from the tiers (skill that carries "
+        "to scenarios it never saw)")})
     train_episodes: int = field(default=4, metadata={"check": at_least(1), "help": "wake episodes per scenario per cycle (training seeds)"})
     reference_episodes: int = field(default=0, metadata={"check": at_least(0), "help": (
         "continuation-policy (expert) episodes per scenario per cycle on training seeds, the wake's seeds first "
         "(at least train_episodes; 0: just the wake's); with reference_pairs they give pairs at no language-model cost")})
+    reference_varied: float = field(default=0.0, metadata={"check": SHARE, "help": (
+        "share of the reference episodes beyond the wake's seeds played on a variant of their scenario (the same "
+        "structure, people's names and the decisions' words redrawn: socialworld.world.variation), a new one each "
+        "episode, so the student reads the move from the state rather than from the scenario's words")})
     eval_episodes: int = field(default=3, metadata={"check": at_least(1), "help": "evaluation episodes per scenario (fixed held-out seeds)"})
     seed: int = field(default=0, metadata={"check": at_least(0), "help": "run seed"})
     max_turns: int = field(default=0, metadata={"check": at_least(0), "help": "cap every scenario's turn budget (0: the scenario's own; smoke runs)"})

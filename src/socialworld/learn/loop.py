@@ -29,8 +29,9 @@ on its own when resumed.
 
 from __future__ import annotations
 
+import math
 import shutil
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Final, Literal, Sequence
 
@@ -62,6 +63,7 @@ from socialworld.rundir import RunDir
 from socialworld.text.templates import POLICY_PROMPT_VERSION
 from socialworld.world.rng import derive_seed
 from socialworld.world.spec import ScenarioError, ScenarioSpec, capped, spec_yaml
+from socialworld.world.variation import variant
 
 JUDGE_MAX_ENDPOINT_FAILURES = 0.2
 """the loop stops (and retries when rerun) when its judge's endpoint gave no reply on more than this share of episodes"""
@@ -89,6 +91,10 @@ class CycleSummary(Document):
     by_tier: dict[str, Aggregate]
     vs_baseline: dict[str, Interval] | None = None
     """paired bootstrap of this cycle minus the untrained policy, per registered metric (with a baseline)"""
+    holdout: Aggregate | None = None
+    """the last cycle of a run with held-out scenarios: the deployed policy's metrics on them"""
+    holdout_vs_baseline: dict[str, Interval] | None = None
+    """... and its paired bootstrap against the untrained policy there"""
 
     @model_validator(mode="before")
     @classmethod
@@ -115,7 +121,7 @@ def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int
 UNTRAINED = (cycle_files(0).eval, cycle_files(1).wake)
 """Artifacts made by the untrained policy alone: the same in every run of the same model and seeds.
 (The reference episodes are the expert's: cheap to remake, and their number is a knob.)"""
-EVAL_KEYS = ("model", "tiers", "scenarios", "user_scenarios", "eval_episodes", "seed", "max_turns")
+EVAL_KEYS = ("model", "tiers", "scenarios", "user_scenarios", "holdout", "eval_episodes", "seed", "max_turns")
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
 
 
@@ -146,7 +152,7 @@ def _reusable(cfg: LoopConfig, mine: dict) -> tuple[RunDir, tuple[str, ...]]:
     theirs_cfg = LoopConfig(tiers=tuple(theirs["tiers"]), unlock=theirs["unlock"])
     same_wake = all(theirs.get(k) == mine[k] for k in WAKE_KEYS) and \
         unlocked_tiers(theirs_cfg, 1, (), []) == unlocked_tiers(cfg, 1, (), [])
-    rels = UNTRAINED if same_wake else UNTRAINED[:1]
+    rels = (UNTRAINED if same_wake else UNTRAINED[:1]) + ((cycle_files(0).holdout,) if mine.get("holdout") else ())
     for rel in rels:
         if not src.complete(rel):
             raise ValueError(f"--reuse-from {cfg.reuse_from}: {rel} is missing or incomplete there")
@@ -215,18 +221,41 @@ class LoopRun:
     store: PromptKV
     log: Callable[[str], None] = print
     progress: Progress | None = None
+    holdout: frozenset[str] = frozenset()
+    """ids of the scenarios never trained on (:attr:`LoopConfig.holdout`), evaluated apart"""
 
     def rollout(self, policy, jobs: list[EpisodeJob], what: str) -> list[EpisodeRecord]:
         on_steps = per_turn(self.progress(f"{what} (turns)", turn_budget(jobs))) if self.progress else None
         return run_episodes(policy, jobs, on_steps=on_steps)
 
     def eval_jobs(self, tiers: Sequence[str]) -> list[EpisodeJob]:
-        return [EpisodeJob(s, seed) for s in self.specs.values() if s.tier in tiers
+        return [EpisodeJob(s, seed) for s in self.specs.values() if s.tier in tiers and s.id not in self.holdout
+                for seed in episode_seeds(self.cfg.seed, s.id, self.cfg.eval_episodes)]
+
+    def holdout_jobs(self) -> list[EpisodeJob]:
+        """The held-out scenarios' evaluation episodes (every tier: they are evaluated apart from the unlocking)."""
+        return [EpisodeJob(s, seed) for s in self.specs.values() if s.id in self.holdout
                 for seed in episode_seeds(self.cfg.seed, s.id, self.cfg.eval_episodes)]
 
     def wake_jobs(self, c: int, tiers: Sequence[str], n: int | None = None) -> list[EpisodeJob]:
-        return [EpisodeJob(s, seed) for s in self.specs.values() if s.tier in tiers
+        return [EpisodeJob(s, seed) for s in self.specs.values() if s.tier in tiers and s.id not in self.holdout
                 for seed in train_seeds(self.cfg.seed, s.id, c, self.cfg.train_episodes if n is None else n)]
+
+    def reference_jobs(self, c: int, tiers: Sequence[str]) -> list[EpisodeJob]:
+        """Cycle ``c``'s reference episodes: the wake's seeds, then up to ``reference_episodes`` per
+        scenario, ``reference_varied`` of those beyond the wake's on a new variant of the scenario each
+        (:func:`socialworld.world.variation.variant`, numbered by cycle and episode)."""
+        cfg = self.cfg
+        n = max(cfg.train_episodes, cfg.reference_episodes)
+        out = []
+        for s in self.specs.values():
+            if s.tier not in tiers or s.id in self.holdout:
+                continue
+            for i, seed in enumerate(train_seeds(cfg.seed, s.id, c, n)):
+                j = i - cfg.train_episodes  # the j-th episode beyond the wake's seeds
+                varied = j >= 0 and math.floor((j + 1) * cfg.reference_varied) > math.floor(j * cfg.reference_varied)
+                out.append(EpisodeJob(variant(s, 1000 * c + i) if varied else s, seed))  # s is capped already
+        return out
 
     def relative(self, adapters: dict[str, str] | None) -> list[str]:
         """The run-relative folders of ``adapters`` (the inputs an artifact made with them names)."""
@@ -255,6 +284,8 @@ class Wake:
     episodes: list[EpisodeRecord]
     reference: dict[tuple[str, int], EpisodeRecord]
     judged: dict[str, JudgeRec] | None
+    variants: dict[str, ScenarioSpec] = field(default_factory=dict)
+    """the scenario variants some reference episodes were played on, by id"""
 
 
 @dataclass(frozen=True)
@@ -289,13 +320,31 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
     return summaries
 
 
+def held_out(cfg: LoopConfig, scenarios: RunScenarios) -> tuple[str, ...]:
+    """The ids of the run's scenarios that ``cfg.holdout`` holds out of training (each name an id or
+    short name of one of the run's scenarios), checked before any work: something is left to train on,
+    and under progressive or adaptive unlocking something of the first tier (cycle 1's only tier)."""
+    ids: list[str] = []
+    for name in cfg.holdout:
+        match = [s.id for s in scenarios.specs if name in (s.id, s.id.rsplit("-v", 1)[0])]
+        if not match:
+            raise ScenarioError(f"--holdout {name}: not one of the run's scenarios ({', '.join(s.id for s in scenarios.specs)})")
+        ids += [m for m in match if m not in ids]
+    first = [s.id for s in scenarios.specs if s.tier == cfg.tiers[0]] if cfg.unlock != "fixed" else [s.id for s in scenarios.specs]
+    if ids and set(first) <= set(ids):
+        raise ScenarioError(f"--holdout {', '.join(cfg.holdout)} leaves {'no ' + cfg.tiers[0] if cfg.unlock != 'fixed' else 'no'} "
+                            f"scenario to train on ({', '.join(first)} held out)")
+    return tuple(ids)
+
+
 def start(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> LoopRun:
     """Check everything a run needs before its folder holds anything (not even ``config.yaml``),
     then open the folder: its config, user scenarios and reused artifacts written."""
     scenarios = run_scenarios(cfg.scenarios, cfg.tiers, cfg.out)
     check_unlockable(cfg, scenarios)
+    holdout = held_out(cfg, scenarios)
     check_model(cfg)
-    doc = config_doc(replace(cfg, scenarios=scenarios.names), scenarios.user)
+    doc = config_doc(replace(cfg, scenarios=scenarios.names, holdout=holdout), scenarios.user)
     reused = _reusable(cfg, doc) if cfg.reuse_from else None
     if cfg.ray:
         ray_init(cfg.ray)  # a wrong address fails here, before any artifact
@@ -310,7 +359,7 @@ def start(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progres
     if reused is not None:
         _reuse(run, *reused)
     specs = {s.id: capped(s, cfg.max_turns) for s in scenarios.specs}
-    return LoopRun(cfg, run, specs, PromptKV(), log, progress)
+    return LoopRun(cfg, run, specs, PromptKV(), log, progress, frozenset(holdout))
 
 
 def evaluate(loop: LoopRun, c: int, tiers: Sequence[str], adapters: dict[str, str] | None, what: str) -> list[EpisodeRecord]:
@@ -318,20 +367,27 @@ def evaluate(loop: LoopRun, c: int, tiers: Sequence[str], adapters: dict[str, st
     with cycle ``c+1``'s wake in the same rollout when its tiers are known now (see the module
     docstring). Returns the evaluation's episodes."""
     cfg, run = loop.cfg, loop.run
-    rel, nxt = cycle_files(c).eval, cycle_files(c + 1).wake
+    rel, nxt, aside = cycle_files(c).eval, cycle_files(c + 1).wake, cycle_files(c).holdout
     inputs = loop.relative(adapters)
     jobs = loop.eval_jobs(tiers)
     fused: list[EpisodeJob] = []
     if c < cfg.cycles and (cfg.unlock != "adaptive" or c == 0) and not run.complete(rel) and not run.complete(nxt):
         fused = loop.wake_jobs(c + 1, unlocked_tiers(cfg, c + 1, tuple(tiers) if c else (), []))
+    apart = loop.holdout_jobs() if c in (0, cfg.cycles) and not run.complete(aside) else []
     held: list[EpisodeRecord] = []
+    kept: list[EpisodeRecord] = []
 
     def write(p: Path) -> None:
-        eps = loop.rollout(_policy(cfg, adapters), jobs + fused, what + (f" + cycle {c + 1} wake" if fused else ""))
+        eps = loop.rollout(_policy(cfg, adapters), jobs + apart + fused,
+                           what + (" + held-out scenarios" if apart else "") + (f" + cycle {c + 1} wake" if fused else ""))
         write_jsonl(p, eps[: len(jobs)])
-        held.extend(eps[len(jobs):])
+        kept.extend(eps[len(jobs): len(jobs) + len(apart)])
+        held.extend(eps[len(jobs) + len(apart):])
 
     run.produce(rel, "eval", write, inputs=inputs)
+    if apart:  # made in the evaluation's rollout, or on their own when a resumed run finds the evaluation made
+        run.produce(aside, "eval", lambda p: write_jsonl(p, kept or loop.rollout(_policy(cfg, adapters), apart, what + " (held-out scenarios)")),
+                    inputs=inputs)
     if held and run.produce(nxt, "wake", lambda p: write_jsonl(p, held), inputs=inputs):
         loop.log(f"cycle {c + 1}: wake {len(held)} episodes (in cycle {c}'s evaluation rollout)")
     return read_jsonl(run.path(rel))
@@ -345,13 +401,12 @@ def wake(loop: LoopRun, cycle: Cycle) -> Wake:
     if run.produce(d.wake, "wake", lambda p: write_jsonl(p, loop.rollout(_policy(cfg, cycle.adapters), jobs, f"cycle {c} wake")),
                    inputs=loop.relative(cycle.adapters)):
         loop.log(f"cycle {c} ({'+'.join(cycle.tiers)}): wake {len(jobs)} episodes")
+    ref_jobs = loop.reference_jobs(c, cycle.tiers)
     run.produce(d.reference, f"wake:{cfg.sleep.continuation}",
-                lambda p: write_jsonl(p, rollouts(cfg.sleep.continuation,
-                                                  loop.wake_jobs(c, cycle.tiers, max(cfg.train_episodes, cfg.reference_episodes)),
-                                                  ray=cfg.ray)))
+                lambda p: write_jsonl(p, rollouts(cfg.sleep.continuation, ref_jobs, ray=cfg.ray)))
     episodes = read_jsonl(run.path(d.wake))
     ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(d.reference))}
-    return Wake(episodes, ref, judge(loop, d, episodes, ref))
+    return Wake(episodes, ref, judge(loop, d, episodes, ref), {j.spec.id: j.spec for j in ref_jobs if j.spec.id not in loop.specs})
 
 
 def judge(loop: LoopRun, d: CycleFiles, wake: list[EpisodeRecord], ref: dict[tuple[str, int], EpisodeRecord]
@@ -380,7 +435,7 @@ def sleep(loop: LoopRun, cycle: Cycle, woke: Wake) -> Gating:
 
     def write(folder: Path) -> None:
         old = [p for e in earlier for t in TRACKS for p in read_pairs(run.path(e.pairs(t)))]
-        result = run_sleep(SleepInputs(loop.specs, woke.episodes, woke.reference, woke.judged), cfg.sleep, earlier=old,
+        result = run_sleep(SleepInputs(loop.specs | woke.variants, woke.episodes, woke.reference, woke.judged), cfg.sleep, earlier=old,
                            replay_key=(cycle.number,), progress=loop.progress, ray=cfg.ray)
         kept, report = result.kept, result.report
         folder.mkdir()
@@ -464,15 +519,28 @@ def summarize(loop: LoopRun, cycle: Cycle, gating: Gating, trained: Trained, eva
         keys = {(e.scenario_id, e.seed) for e in evaluated}
         base = [e for e in baseline if (e.scenario_id, e.seed) in keys]
         vs = {k: paired_difference(base, evaluated, k, seed=cfg.seed) for k in KEYS}
+    apart = [d.holdout] if run.complete(d.holdout) else []
+    held = read_jsonl(run.path(d.holdout)) if apart else []
+    held_vs = None
+    if held and run.complete(cycle_files(0).holdout):
+        apart.append(cycle_files(0).holdout)
+        held_base = read_jsonl(run.path(cycle_files(0).holdout))
+        held_vs = {k: paired_difference(held_base, held, k, seed=cfg.seed) for k in KEYS}
     summary = CycleSummary(
         cycle=c, tiers=list(cycle.tiers), pairs=gating.kept, excluded=gating.excluded, replayed=gating.replayed,
         final_loss={t: (v[-1] if v else None) for t, v in trained.losses.items()}, eval=m,
-        by_tier={t: aggregate(eps) for t, eps in sorted(group_by(evaluated, "tier").items())}, vs_baseline=vs)
+        by_tier={t: aggregate(eps) for t, eps in sorted(group_by(evaluated, "tier").items())}, vs_baseline=vs,
+        holdout=aggregate(held) if held else None, holdout_vs_baseline=held_vs)
     run.produce(d.summary, "summary", lambda p: atomic_write_text(p, summary.to_json()),
-                inputs=[d.eval, d.sleep, *loop.relative(trained.adapters), *([cycle_files(0).eval] if baseline is not None else [])])
+                inputs=[d.eval, d.sleep, *loop.relative(trained.adapters), *([cycle_files(0).eval] if baseline is not None else []),
+                        *apart])
     log(f"cycle {c}: eval {_brief(m)}")
     for k, iv in (summary.vs_baseline or {}).items():
         log(f"cycle {c}: {k} - untrained = {iv.mean:+.3f}, 95% paired bootstrap [{iv.lo:+.3f}, {iv.hi:+.3f}]")
+    if summary.holdout is not None:
+        log(f"cycle {c}: held-out scenarios ({', '.join(sorted(loop.holdout))}): {_brief(summary.holdout)}")
+        for k, iv in (summary.holdout_vs_baseline or {}).items():
+            log(f"cycle {c}: held-out {k} - untrained = {iv.mean:+.3f}, 95% paired bootstrap [{iv.lo:+.3f}, {iv.hi:+.3f}]")
     return summary
 
 
@@ -511,7 +579,8 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
             raise ValueError(f"{run.root}: {rel} is missing or incomplete")
     wake = read_jsonl(run.path(d.wake))
     ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(d.reference))}
-    specs = {s.id: s for s in resolve_in_run(sorted({e.scenario_id for e in wake}), run_dir, max_turns=cfg_doc.get("max_turns", 0))}
+    ids = sorted({e.scenario_id for e in wake} | {sid for sid, _ in ref})  # reference episodes may be on variants
+    specs = {s.id: s for s in resolve_in_run(ids, run_dir, max_turns=cfg_doc.get("max_turns", 0))}
     judged = read_judged(run.path(d.wake_judged)) if run.complete(d.wake_judged) else None
     for name, v in variants.items():
         if v.build != own.build:

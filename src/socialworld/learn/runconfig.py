@@ -19,8 +19,12 @@ written held, frozen, and the sleep recipe's new form:
   ``reference_chosen``; ``wake_chosen`` (best, continuation) with ``label_gate`` (margin,
   disagree) -> ``wake_chosen`` (best, label_by_margin, label).
 
-A field added from now on either behaves as before at its default (nothing to migrate) or comes
-with a new version and one more step.
+v2 to v3 adds the fields added while v2 was current (:data:`V2_ADDED`), each at the value that
+behaves as the code did before it (scenarios held out of training: none; reference episodes on
+variants: none).
+
+A field added from now on comes with a new version and one more step (a stored file lacks it, and a
+resumed run compares the whole config).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any, Final, Generic, TypeVar
 from socialworld.learn.pairs.record import PAIR_SCHEMA
 from socialworld.metrics.core import METRICS_CONTRACT, ContractMismatch
 
-CONFIG_VERSION: Final = "run-config-v2"
+CONFIG_VERSION: Final = "run-config-v3"
 VERSION_KEY: Final = "config_version"
 CONTRACT_KEY: Final = "metrics_contract"
 """the key naming the metrics contract a run is scored under (a v1 file without it: metrics-v1)"""
@@ -58,6 +62,13 @@ V1_ADDED: Final[dict[str, dict[str, Any]]] = {
 }
 """v1 -> v2: the fields added while v1 was current, each with the value that behaves as the code
 did before it, by the kind of run (a bench's file names a ``preset``, a loop's a ``sleep``)"""
+
+
+V2_ADDED: Final[dict[str, dict[str, Any]]] = {
+    "loop": {"holdout": [], "reference_varied": 0.0},
+    "bench": {"holdout": []},
+}
+"""v2 -> v3: the fields added while v2 was current, each with the value that behaves as the code did before it"""
 
 
 def _fill(doc: dict[str, Any], added: dict[str, Any]) -> dict[str, Any]:
@@ -88,12 +99,15 @@ def migrate(doc: dict[str, Any], where: str | Path = "config.yaml") -> dict[str,
     version = doc.get(VERSION_KEY, "run-config-v1")
     if version == CONFIG_VERSION:
         return doc
-    if version != "run-config-v1":
+    if version not in ("run-config-v1", "run-config-v2"):
         raise ValueError(f"{where}: {VERSION_KEY} {version!r} is not one this version reads (it writes {CONFIG_VERSION})")
     kind = "bench" if "preset" in doc else "loop"
-    out = _fill(doc, V1_ADDED[kind])
-    if kind == "loop" and isinstance(out.get("sleep"), dict):
-        out["sleep"] = _v1_sleep(out["sleep"])
+    out = doc
+    if version == "run-config-v1":
+        out = _fill(out, V1_ADDED[kind])
+        if kind == "loop" and isinstance(out.get("sleep"), dict):
+            out["sleep"] = _v1_sleep(out["sleep"])
+    out = _fill(out, V2_ADDED[kind])
     return out | {VERSION_KEY: CONFIG_VERSION}
 
 

@@ -22,6 +22,8 @@ from typing import Annotated, Literal, Mapping, Sequence
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from socialworld.world.variation import parse_variant, variant
+
 Tier = Literal["L0", "L1", "L2"]
 TIERS: tuple[Tier, ...] = ("L0", "L1", "L2")
 
@@ -545,8 +547,12 @@ def check_tiers(tiers: Sequence[str]) -> None:
 
 
 def named(known: dict[str, ScenarioSpec], name: str) -> list[ScenarioSpec]:
-    """The scenarios of ``known`` (by id) that ``name`` names: their id, with or without the ``-vN`` suffix."""
-    return [s for sid, s in known.items() if sid == name or sid.rsplit("-v", 1)[0] == name]
+    """The scenarios of ``known`` (by id) that ``name`` names: their id, with or without the ``-vN`` suffix;
+    or the variant a variant's id names (:mod:`socialworld.world.variation`) of a scenario of ``known``."""
+    found = [s for sid, s in known.items() if sid == name or sid.rsplit("-v", 1)[0] == name]
+    if not found and (v := parse_variant(name)) is not None and v[0] in known:
+        found = [variant(known[v[0]], v[1])]
+    return found
 
 
 def resolve_scenarios(names: list[str] | None = None, tiers: list[str] | None = None, max_turns: int = 0,

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from socialworld.agents.beliefs import Beliefs
-from socialworld.core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, SlotView
+from socialworld.core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, OfferView, SlotView
 from socialworld.text.reply import BELIEF_ITEM, reply_fields
 from socialworld.text.templates import (
     POLICY_ALL_AGREE,
@@ -21,15 +21,35 @@ from socialworld.text.templates import (
 from socialworld.world.visibility import memory_text
 
 
-def brief(obs: Observation) -> str:
+def brief(obs: Observation, view: PolicyStateView = PolicyStateView()) -> str:
     """The scenario's static part (the same at every step of every episode of a scenario):
     goal, cast, decisions with all their options, offers. It goes into the system message so a
-    backend can cache its KV state once per scenario."""
+    backend can cache its KV state once per scenario. With ``view.terms`` (policy-v8) each option
+    shows its cost where the scenario has a budget, and the offers come in the order to try them
+    (gestures and payments strongest first, then promises, each with what it costs or binds)."""
     lines = [obs.goal, "People: " + ", ".join(n.id for n in obs.npcs)]
-    lines += [f"{s.id}: options {'|'.join(o.id for o in s.options)}" for s in obs.slots]
+    if not view.terms:
+        lines += [f"{s.id}: options {'|'.join(o.id for o in s.options)}" for s in obs.slots]
+        if obs.offers:
+            lines.append("Offers: " + ", ".join(o.id for o in obs.offers))
+        return "\n".join(lines)
+    priced = obs.budget is not None
+    lines += [f"{s.id}: " + "|".join(o.id + (f" {o.cost:g}" if priced else "") for o in s.options) for s in obs.slots]
     if obs.offers:
-        lines.append("Offers: " + ", ".join(o.id for o in obs.offers))
+        lines.append("Offers, in the order to try: " + ", ".join(_offer_term(o) for o in offer_order(obs.offers)))
     return "\n".join(lines)
+
+
+def offer_order(offers: Sequence[OfferView]) -> list[OfferView]:
+    """Offers in the order an organiser tries them: gestures and payments first, the strongest first,
+    then promises (they bind a later decision), the strongest first; ties as listed."""
+    return sorted(offers, key=lambda o: (o.kind == "promise", -o.value))
+
+
+def _offer_term(o: OfferView) -> str:
+    if o.kind == "promise":
+        return f"{o.id} (promise: {o.target_slot})"
+    return o.id + (f" (costs {o.cost:g})" if o.kind == "pay" else "")
 
 
 def wants(b: Beliefs, slot: SlotView) -> str:
@@ -115,12 +135,68 @@ def compact(obs: Observation, view: PolicyStateView = PolicyStateView()) -> str:
     return "\n".join(lines)
 
 
+def ranked(obs: Observation, b: Beliefs, slot: SlotView) -> list[str]:
+    """The options of ``slot`` an organiser could still win, best first by the public record (policy-v8):
+    a promised option first, then by how far the known wants of the present stakeholders favour it
+    (:meth:`Beliefs.want_score`), then the cheaper, then as listed; options a present stakeholder
+    vetoed, unavailable ones and ones the budget left cannot pay while keeping enough for the other
+    open decisions' cheapest options are out."""
+    here = slot.stakeholders
+    promised = [c.target_option for c in obs.commitments if c.status == "pending" and c.target_slot == slot.id]
+    reserve = sum(min((o.cost for o in s.options if o.available), default=0.0)
+                  for s in obs.slots if s.status == "open" and s.id != slot.id)
+    eligible = [o for o in slot.options if o.available and not b.vetoed(here, slot.id, o.id)
+                and (obs.budget_left is None or o.cost <= obs.budget_left - reserve)]
+    order = sorted(enumerate(eligible), key=lambda io: (-(5 * promised.count(io[1].id) + b.want_score(here, slot.id, io[1].id)),
+                                                        io[1].cost, io[0]))
+    return [o.id for _, o in order]
+
+
+RANKED_SHOWN = 3
+"""how many of a decision's :func:`ranked` options policy-v8 shows"""
+
+
+def state(obs: Observation) -> str:
+    """The state at this step as policy-v8 shows it: the same facts as ``compact`` in fewer tokens and
+    one place per decision, in words that are the same in every scenario. Each person present with
+    the mood bucket their cue shows (``?`` before any contact); each open decision with its proposal
+    and who said yes and no, what each stakeholder is known to want, and the options it can still
+    win best first (:func:`ranked`: what the known vetoes and dislikes leave); quarrels; the latest news."""
+    b = Beliefs().update(obs)
+    lines = [f"Turn {obs.step + 1}/{obs.turn_budget}." + (f" Budget left {obs.budget_left:g}." if obs.budget_left is not None else "")]
+    lines.append("Moods: " + ", ".join(f"{n.id} {n.cue_bucket or '?'}" for n in obs.npcs if n.present))
+    for s in obs.slots:
+        if s.status != "open":
+            lines.append(f"{s.id}: {s.status}" + (f" {s.choice}" if s.choice else ""))
+            continue
+        line = f"{s.id}:"
+        if s.proposal:
+            line += f" proposed {s.proposal}, yes {' '.join(s.accepted_by) or '-'}, no {' '.join(s.rejected_by) or '-'}"
+            if all(h in s.accepted_by for h in s.stakeholders):
+                line += f", {POLICY_ALL_AGREE}"
+            line += ";"
+        else:
+            line += " open;"
+        line += f" wants {wants(b, s)}; best {' '.join(ranked(obs, b, s)[:RANKED_SHOWN]) or '-'}"
+        lines.append(line)
+    open_conflicts = [c for c in obs.conflicts if not c.resolved]
+    if open_conflicts:
+        lines.append("Quarrel: " + "; ".join(" vs ".join(c.npcs) + (f", repaired {' '.join(c.repaired)}" if c.repaired else "")
+                                             for c in open_conflicts))
+    if obs.announcements:
+        lines.append("News: " + obs.announcements[-1])
+    if obs.memory is not None:
+        lines.append(memory_text(obs).rstrip("\n"))
+    return "\n".join(lines)
+
+
 def build_messages(obs: Observation, version: str = POLICY_PROMPT_VERSION) -> list[dict[str, str]]:
     prompt = POLICY_PROMPTS[version]
     view = prompt.view
+    shown = state(obs) if view.terms else compact(obs, view)
     return [
-        {"role": "system", "content": prompt.system.format(brief=brief(obs))},
-        {"role": "user", "content": prompt.user.format(obs=compact(obs, view), moves=moves_text(obs.moves, view.tally))},
+        {"role": "system", "content": prompt.system.format(brief=brief(obs, view))},
+        {"role": "user", "content": prompt.user.format(obs=shown, moves=moves_text(obs.moves, view.tally))},
     ]
 
 

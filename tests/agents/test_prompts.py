@@ -1,0 +1,105 @@
+"""The language-model policy's prompts (no model needed): what policy-v8 shows."""
+
+import re
+
+from socialworld.agents.beliefs import Beliefs
+from socialworld.agents.lm.constrained import Choice
+from socialworld.agents.lm.policy import program
+from socialworld.agents.lm.prompts import build_messages, offer_order, parse_output, ranked
+from socialworld.agents.registry import make_policy
+from socialworld.core import Action
+from socialworld.testing import drive
+from socialworld.world.engine import World
+from socialworld.world.visibility import legal_actions, observe
+
+
+def _states(specs, sids=None, seeds=range(1, 4), steps=range(0, 12, 3), policy="random"):
+    for sid in sids or specs:
+        for seed in seeds:
+            for n in steps:
+                spec = specs[sid]
+                w = drive(World(spec, seed), make_policy(policy, seed=seed), steps=n)
+                yield spec, w, observe(spec, w.pub)
+
+
+def _words(msgs) -> set[str]:
+    return set(re.findall(r"[a-z0-9_]+", "\n".join(m["content"] for m in msgs)))
+
+
+def test_policy_v8_names_every_id_a_legal_action_uses(specs):
+    """Whatever the state, every argument of every legal action is written in the prompt, so a
+    student can copy any legal move from what it reads (the scenario's words are never implied)."""
+    for _spec, _w, obs in _states(specs):
+        words = _words(build_messages(obs, "policy-v8"))
+        for a in legal_actions(obs):
+            for arg in (a.npc, a.slot, a.option, a.offer):
+                assert arg is None or arg in words, (obs.scenario_id, a.key)
+
+
+def test_policy_v8_and_v6_prompt_for_the_same_replies(specs):
+    """The prompt changes what the model reads, not what it may answer: the reply grammar and the
+    strict parser read only the observation."""
+    for _spec, _w, obs in _states(specs, seeds=(2,), steps=(0, 5)):
+        (choice,) = [s for s in program(obs, 8) if isinstance(s, Choice) and s.name == "action"]
+        assert {Action.parse(o.strip()) for o in choice.options} == set(legal_actions(obs))
+        for a in legal_actions(obs)[:5]:
+            reply = f"BELIEF: {obs.npcs[0].id} mood=mid\nACTION: {a.key}\nSAY: ok"
+            assert parse_output(reply, obs) == parse_output(reply, obs)[:2] + (None,)
+
+
+def test_policy_v8_ranks_the_options_a_decision_can_still_win(specs):
+    """``best`` lists the options nobody present vetoed, that are available and that the budget left
+    pays while keeping the other open decisions' cheapest options; a promised option first, then by
+    the known wants, then the cheaper."""
+    seen = set()
+    for spec, _w, obs in _states(specs, sids=("birthday_budget-v1", "book_club-v1", "weather_picnic-v1"), seeds=range(1, 6)):
+        b = Beliefs().update(obs)
+        text = build_messages(obs, "policy-v8")[1]["content"]
+        for s in obs.slots:
+            if s.status != "open":
+                continue
+            order = ranked(obs, b, s)
+            line = next(x for x in text.splitlines() if x.startswith(f"{s.id}:"))
+            assert line.endswith("; best " + (" ".join(order[:3]) or "-"))
+            reserve = sum(min((o.cost for o in x.options if o.available), default=0.0)
+                          for x in obs.slots if x.status == "open" and x.id != s.id)
+            for o in s.options:
+                vetoed = any(o.id in b.vetoes.get(h, {}).get(s.id, ()) for h in s.stakeholders)
+                affordable = obs.budget_left is None or o.cost <= obs.budget_left - reserve
+                assert (o.id in order) == (o.available and not vetoed and affordable)
+                seen.add("out" if o.id not in order else "in")
+            promised = [c.target_option for c in obs.commitments if c.status == "pending" and c.target_slot == s.id]
+            if set(promised) & set(order):
+                assert order[0] in promised
+                seen.add("promised")
+            scores = [b.want_score(s.stakeholders, s.id, o) for o in order if o not in promised]
+            assert scores == sorted(scores, reverse=True)
+    assert seen >= {"in", "out"}
+
+
+def test_policy_v8_briefs_offers_in_the_order_to_try(specs):
+    for spec in specs.values():
+        obs = observe(spec, World(spec, 1).pub)
+        system = build_messages(obs, "policy-v8")[0]["content"]
+        if not obs.offers:
+            assert "Offers" not in system
+            continue
+        listed = re.findall(r"([a-z0-9_]+)(?: \([^)]*\))?(?:, |$)", system.split("Offers, in the order to try: ")[1].splitlines()[0])
+        assert listed == [o.id for o in offer_order(obs.offers)]
+        kinds = [o.kind == "promise" for o in offer_order(obs.offers)]
+        assert kinds == sorted(kinds)  # gestures and payments before promises
+        for o in obs.offers:
+            if o.kind == "pay":
+                assert f"{o.id} (costs {o.cost:g})" in system
+            if o.kind == "promise":
+                assert f"{o.id} (promise: {o.target_slot})" in system
+
+
+def test_policy_v8_is_shorter_than_v6(specs):
+    """The same facts in fewer characters after the system message (the system message is read once
+    per scenario; what follows is read at every decision and for every training row)."""
+    v6 = v8 = 0
+    for _spec, _w, obs in _states(specs, policy="expert"):
+        v6 += len(build_messages(obs, "policy-v6")[1]["content"])
+        v8 += len(build_messages(obs, "policy-v8")[1]["content"])
+    assert v8 < 0.9 * v6, (v8, v6)
