@@ -1,3 +1,3 @@
 """socialworld: lifelong social intelligence for language agents."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

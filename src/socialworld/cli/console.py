@@ -51,6 +51,46 @@ class Table(RichTable):
             self.columns, self.caption = columns, caption
 
 
+def show(table: Table) -> None:
+    """Print a table whose every column counts (the bench's closing tables) without cutting a cell:
+    written to a file or a pipe, whole at its own width (a log has no width to fit; at the default 80
+    columns the bench's arm names were cut to "or…"); in a terminal too narrow for it, in parts, each
+    holding the first column (the arm, the tier) and as many of the next columns as fit."""
+    from rich.measure import Measurement
+
+    def width(t: Table) -> int:
+        return Measurement.get(console, console.options.update_width(1 << 16), t).maximum
+
+    natural = width(table)
+    if not console.is_terminal:
+        Console(file=console.file, width=max(console.width, natural), no_color=True).print(table)  # rich caps a print at its width
+        return
+    if natural <= console.width or len(table.columns) < 3:
+        console.print(table)
+        return
+    rows = list(zip(*(col.cells for col in table.columns)))
+
+    def part(cols: list[int], title: Any) -> Table:
+        t = Table(title=title)
+        for i in cols:
+            c = table.columns[i]
+            t.add_column(c.header, justify=c.justify)
+        for r in rows:
+            t.add_row(*(r[i] for i in cols))
+        return t
+
+    group: list[int] = []
+    parts: list[list[int]] = []
+    for i in range(1, len(table.columns)):
+        if group and width(part([0, *group, i], None)) > console.width:
+            parts.append(group)
+            group = []
+        group.append(i)
+    parts.append(group)
+    for k, g in enumerate(parts):
+        console.print(part([0, *g], f"{table.title} ({k + 1}/{len(parts)})" if table.title else None))
+
+
 LOG_FILE = "runs/socialworld.log"
 """where third-party warnings go (override with SOCIALWORLD_LOG); made only when one is written"""
 

@@ -14,8 +14,8 @@ from rich.markup import escape
 from rich.text import Text
 
 from socialworld.bench.config import BenchConfig
-from socialworld.cli.console import Table, console, quiet_libraries, run_log, say
-from socialworld.cli.options import config_command, fail, require
+from socialworld.cli.console import Table, console, quiet_libraries, run_log, say, show
+from socialworld.cli.options import App, config_command, fail, require
 from socialworld.cli.progress import bars, with_bars
 from socialworld.config import SHARE, at_least, within
 from socialworld.learn.config import LoopConfig
@@ -29,7 +29,7 @@ from socialworld.world.spec import ScenarioError, load_builtin_scenarios, resolv
 COUNT, SEED, PORT = at_least(1), at_least(0), within(1, 65535)
 """the rules of the hand-declared options (the configs' fields declare theirs in their metadata)"""
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="A seeded social world for language agents.")
+app = App(add_completion=False, no_args_is_help=True, help="A seeded social world for language agents.")
 H = lambda name: help_for(EvalConfig, name)  # noqa: E731
 
 
@@ -138,8 +138,9 @@ def _run_eval(cfg, adapters: str = "", as_json: bool = False) -> None:
         t.add_column("tier" if title == "by tier" else "scenario")
         for c in ("n", *(m.label for m in METRICS), "steps"):
             t.add_column(c, justify="right")
-        for c in ("parse fail", "endpoint fail"):
-            t.add_column(c, justify="right", optional=True)
+        for c, rate in (("parse fail", "parse_failure_rate"), ("endpoint fail", "endpoint_failure_rate")):
+            # left out at 80 columns only where it says nothing: a failed step is always shown
+            t.add_column(c, justify="right", optional=all(getattr(a, rate) == 0 for a in rows.values()))
         for key, a in rows.items():
             t.add_row(key, str(a.n), *(f"{a[k]:.2f}" for k in KEYS),
                       *(f"{v:.2f}" for v in (a.steps_per_episode, a.parse_failure_rate, a.endpoint_failure_rate)))
@@ -327,11 +328,11 @@ def _run_bench(cfg, suite: str = "main") -> None:
         if not rows:
             continue
         t = Table(title=f"{title}, {result.doc.metrics_contract}")
-        for h in head:
-            t.add_column(h, justify="right")
+        for i, h in enumerate(head):
+            t.add_column(h, justify="left" if i == 0 else "right")
         for r in rows:
             t.add_row(*r)
-        console.print(t)
+        show(t)
     t = Table(title="phases (wall seconds; timings.json)")
     t.add_column("artifact")
     t.add_column("seconds", justify="right")
@@ -339,7 +340,7 @@ def _run_bench(cfg, suite: str = "main") -> None:
     for rel, sec in phases:
         t.add_row(escape(rel), f"{sec:.0f}")
     t.add_row("total", f"{sum(s for _, s in phases):.0f}")
-    console.print(t)
+    show(t)
     say(f"report: {Path(out) / 'report.html'}")
 
 
@@ -504,11 +505,11 @@ def _server_errors(host: str, port: int):  # type: ignore[no-untyped-def]
     except OSError as err:
         if err.errno == errno.EADDRINUSE:
             fail(f"{host}:{port} is in use by another program: choose another --port")
-        else:
-            fail(str(err))
+        else:  # an address that does not resolve or is not this machine's: name it
+            fail(f"--host {host} --port {port}: cannot listen there ({err.strerror or err})")
 
 
-env_app = typer.Typer(no_args_is_help=True, help="The social world on the environment standards trainers plug in.")
+env_app = App(no_args_is_help=True, help="The social world on the environment standards trainers plug in.")
 app.add_typer(env_app, name="env")
 
 

@@ -276,6 +276,40 @@ def require(option: str, value: Any, check: Bound) -> None:
             raise ValueError(f"{option}: {broken}")
 
 
+def _no_flag_types(params: list[Any]) -> list[Any]:
+    """``params`` with no value type shown beside a flag (``--help``, ``--x/--no-x``): a flag takes no
+    value, and Typer wrote ``<bool>`` there."""
+    for p in params:
+        if getattr(p, "is_flag", False):
+            p.metavar = ""
+    return params
+
+
+class Command(typer.core.TyperCommand):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_types(super().get_params(ctx))
+
+
+class Group(typer.core.TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_types(super().get_params(ctx))
+
+
+class App(typer.Typer):
+    """Typer whose commands and groups show no type beside a flag, and commands' docstrings literally (Typer
+    reads help as rich markup: ``pip install -e '.[openenv]'`` lost its ``[openenv]`` as a style tag)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cls=Group, **kwargs)
+
+    def command(self, name: str | None = None, *, cls: Any = None, **kwargs: Any) -> Any:
+        def register(f: Callable[..., Any]) -> Callable[..., Any]:
+            doc = kwargs.pop("help", None) or (inspect.cleandoc(f.__doc__) if f.__doc__ else None)
+            return typer.Typer.command(self, name, cls=cls or Command, help=escape(doc) if doc else None, **kwargs)(f)
+
+        return register
+
+
 def fail(msg: str) -> None:
     """The error, literally, on stderr without wrapping (a one-line message stays one line); exit 2."""
     from rich.console import Console

@@ -605,6 +605,7 @@ def check_model(cfg: LoopConfig) -> None:
     """Before any artifact: the model to train is there (its config loads: a typo in a hub id or a
     folder fails now) and has every module ``--target-modules`` names (built on the meta device);
     a judge that is a model folder or hub id loads too."""
+    check_loads(cfg.model, "--model")
     check_target_modules(_base_path(cfg), cfg.train.target_modules)
     if cfg.judge:
         check_loads(cfg.judge, "--judge")

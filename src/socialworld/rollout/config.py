@@ -65,8 +65,9 @@ class EvalConfig:
     judge: str = field(default="", metadata={"help": (
         "an LM judge's model spec (off when empty): scores every episode 0-10 on goal and believability "
         "(SOTOPIA-style) from its public transcript, beside the rule metrics (source proxy, written to judge.jsonl)")})
-    request_timeout: float = field(default=60.0, metadata={"check": above(0), "help": (
-        "openai: endpoints: the most seconds one request may take, from connecting to the reply's last byte")})
+    request_timeout: float = field(default=180.0, metadata={"check": above(0), "help": (
+        "openai: endpoints: the most seconds one request may take, from connecting to the reply's last byte (a CPU "
+        "server batching a lockstep step's requests under load took more than a minute)")})
     out: Path | None = field(
         default=None,
         metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json [default: runs/eval-<policy>-s<seed>, "

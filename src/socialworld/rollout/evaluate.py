@@ -85,6 +85,8 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
     jobs = [EpisodeJob(s, seed) for s in specs for seed in episode_seeds(cfg.seed, s.id, cfg.episodes)]
     lm = {} if cfg.policy in SCRIPTED else {"batch_size": cfg.lm_batch_size, "decoding": cfg.decoding,
                                             "max_new_tokens": cfg.max_new_tokens, "timeout_s": cfg.request_timeout}
+    if lm:
+        check_loads(cfg.policy, "--policy")  # a missing extra or an unknown model: one line, at once
     policy = make_policy(cfg.policy, seed=cfg.seed, **lm)
     if lm:  # auto, resolved once (an endpoint is asked once, not by every Ray task)
         lm["decoding"] = getattr(policy, "decoding", cfg.decoding)
