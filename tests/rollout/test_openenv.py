@@ -98,7 +98,7 @@ def test_bad_input_is_an_error_from_the_call_and_the_session_stays(url):
         for bad in (-1, 2**63, "7", 1.5):
             with pytest.raises(RuntimeError, match="seed must be an integer"):
                 env.reset(seed=bad, scenario="team_lunch")
-        with pytest.raises(RuntimeError, match="reset takes seed, episode_id and scenario, not colour"):
+        with pytest.raises(RuntimeError, match="reset takes seed, episode_id and scenario, or split and index, not colour"):
             env.reset(seed=0, colour="red")
         env.reset(seed=3, scenario="team_lunch")
         r = env.step(SocialAction(reply="propose the thai place please"))  # the world's own case, not an error
@@ -107,6 +107,60 @@ def test_bad_input_is_an_error_from_the_call_and_the_session_stays(url):
         drawn = env.reset(scenario="team_lunch")  # no seed: one is drawn, and kept
         seed = env.state().seed
         assert isinstance(seed, int) and env.reset(seed=seed, scenario="team_lunch").observation == drawn.observation
+
+
+def test_the_tiers_are_task_splits_and_a_task_is_its_scenario_and_seed(url, specs):
+    """OpenEnv's Task API: the splits L0, L1, L2; each task an episode of one of the tier's scenarios from
+    the seeds eval draws; reset(split=, index=) is reset(scenario=, seed=) of that task."""
+    import httpx
+
+    from socialworld.rollout.evaluate import episode_seeds
+    from socialworld.rollout.openenv import TASK_SEEDS
+
+    assert [s["name"] for s in httpx.get(f"{url}/socialworld/splits").json()] == ["L0", "L1", "L2"]
+    for tier in ("L0", "L1", "L2"):
+        ids = sorted(s.id for s in specs.values() if s.tier == tier)
+        got = httpx.post(f"{url}/socialworld/tasks", json={"split": tier}).json()["tasks"]
+        assert [(t["scenario"], t["seed"]) for t in got] == [(i, seed) for i in ids for seed in episode_seeds(0, i, TASK_SEEDS)]
+        assert httpx.post(f"{url}/socialworld/num_tasks", json={"split": tier}).json()["num_tasks"] == len(got)
+        assert all(t["graders"] == ["pass", "CR"] and t["id"] == f"{tier}-{t['index']}" for t in got)
+    task = httpx.post(f"{url}/socialworld/task", json={"split": "L2", "index": 7}).json()["task"]
+    with _client(url) as env:
+        by_task, by_seed = env.reset(split="L2", index=7), env.reset(scenario=task["scenario"], seed=task["seed"])
+        assert by_task.observation == by_seed.observation
+        with pytest.raises(RuntimeError, match="unknown split 'L3'"):
+            env.reset(split="L3", index=0)
+        with pytest.raises(RuntimeError, match="not both"):
+            env.reset(split="L1", index=0, seed=1)
+    r = httpx.post(f"{url}/socialworld/task", json={"split": "L1", "index": 10_000})
+    assert r.status_code == 400
+
+
+def test_scripted_replies_only_where_the_server_allows_them_and_they_score_as_the_runner(url, specs):
+    """A server made with scripted=True writes the expert's or the oracle's reply; played at every state it
+    gives each task the runner's pass and CR (the baselines through the same server as a model). A plain
+    server refuses it, and the session stays."""
+    from socialworld.agents.scripted import OraclePolicy
+    from socialworld.rollout.openenv import SocialWorldEnvironment
+    from socialworld.rollout.textenv import outcome
+
+    with _client(url) as env:
+        env.reset(split="L0", index=0)
+        with pytest.raises(RuntimeError, match="does not write scripted replies"):
+            env.step(SocialAction(reply="", scripted="expert"))
+        assert env.step(SocialAction(reply="ACTION: wait()")).observation.metadata["parse_status"] == "ok"
+    with in_background(make_app(max_sessions=2, scripted=True)) as scripted_url, _client(scripted_url) as env:
+        for split, index, policy in (("L1", 0, ExpertPolicy), ("L1", 3, ExpertPolicy), ("L2", 5, OraclePolicy), ("L2", 0, ExpertPolicy)):
+            task = SocialWorldEnvironment().get_task(split, index)
+            ref = run_episodes(policy(), [EpisodeJob(specs[task.scenario], task.seed)])[0]
+            step = env.reset(split=split, index=index)
+            while not step.done:
+                step = env.step(SocialAction(reply="", scripted=policy.policy_id))
+            got, want = step.observation.metadata["outcome"], outcome(ref)
+            assert (got["pass"], got["CR"]) == (want["pass"], want["CR"]), (split, index, policy.policy_id)
+        env.reset(split="L0", index=0)
+        with pytest.raises(RuntimeError, match="takes an empty reply"):
+            env.step(SocialAction(reply="ACTION: wait()", scripted="oracle"))
 
 
 def test_every_http_door_answers_bad_input_with_a_4xx_and_a_message():

@@ -524,6 +524,9 @@ def env_serve_cmd(
     observation: Literal["prompt", "render"] = typer.Option(
         "prompt", help="the observation text: prompt (the user message a language-model policy receives) or render (the world's long render)"),
     max_turns: int = typer.Option(0, help=f"cap every episode's turn budget (0: the scenario's own; {SEED})"),
+    scripted: bool = typer.Option(False, "--scripted", help=(
+        "let a step ask the expert or the oracle for its reply (SocialAction scripted=expert|oracle): baselines "
+        "through this server; the oracle reads hidden state, so never on a server a policy trains against")),
 ) -> None:
     """Serve the social world as an OpenEnv environment (pip install -e '.[openenv]'): OpenEnv's own
     server, one world per WebSocket session; reset(seed, scenario) and step(reply) from OpenEnv's
@@ -540,7 +543,7 @@ def env_serve_cmd(
         from socialworld.agents.lm.server import bind, server_for
 
         sock = bind(host, port)
-        app_ = make_app(specs, max_sessions=max_sessions, observation=observation, max_turns=max_turns)
+        app_ = make_app(specs, max_sessions=max_sessions, observation=observation, max_turns=max_turns, scripted=scripted)
         console.print(f"serving the social world ({len(specs)} scenarios) as an OpenEnv environment on "
                       f"http://{host}:{sock.getsockname()[1]} (WebSocket /ws)")
         server_for(app_, sock).run(sockets=[sock])

@@ -15,6 +15,12 @@
   offers are fixed when it starts (a client names one by id or short name, never a path on the
   server). ``socialworld env serve`` runs it.
 * :class:`SocialWorldClient` is OpenEnv's ``EnvClient`` for it (``.sync()`` for plain code).
+* Tasks (OpenEnv's Task API): the splits are the tiers ``L0``, ``L1``, ``L2`` (easy to hard), each
+  task an episode of one of the tier's scenarios from a fixed seed (:func:`tasks`), chosen with
+  ``reset(split=, index=)``; graded by :data:`GRADERS` (``pass`` and ``CR`` in [0, 1], in the last
+  observation's ``metadata["outcome"]``). ``envs/socialworld/`` is the folder OpenEnv's hub lists.
+* A server made with ``scripted=True`` lets a step ask the expert or the oracle for its reply
+  (``SocialAction(reply="", scripted="oracle")``): baselines through the same server as the model.
 
 What the doors accept (every refusal a message, never a server error, never a traceback in the log):
 
@@ -38,19 +44,50 @@ import re
 import secrets
 import uuid
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 from openenv.core import Action, EnvClient, Environment, Observation, State, create_app
 from openenv.core.client_types import StepResult
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-from socialworld.rollout.textenv import ChatMode, TextEpisode, TextMode
+from socialworld.rollout.evaluate import episode_seeds
+from socialworld.rollout.textenv import ChatMode, ScriptedName, TextEpisode, TextMode
 from socialworld.world.spec import ScenarioSpec, capped, load_builtin_scenarios, named
 
 ENV_NAME = "socialworld"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 STATELESS_STEP = ("POST /step cannot play an episode here: OpenEnv's HTTP routes make a new environment for every request, "
                   "and this environment keeps its episode in a session; play over the WebSocket (/ws; SocialWorldClient)")
+
+
+TIERS: tuple[Literal["L0", "L1", "L2"], ...] = ("L0", "L1", "L2")
+"""the task splits, easy to hard: one per tier"""
+TASK_SEEDS = 10
+"""episodes per scenario in a task split: the seeds ``eval --seed 0 --episodes 10`` plays"""
+GRADERS = ("pass", "CR")
+"""each task's graders, deterministic and in [0, 1]: at an episode's end, ``metadata["outcome"]`` holds
+both (PassRate's 1/0 and the completion rate, contract §5) with the other rule metrics"""
+
+
+class Task(BaseModel):
+    """One task of a split: an episode of ``scenario`` from ``seed``, graded by :data:`GRADERS`."""
+
+    id: str = Field(description="<split>-<index>")
+    split: str
+    index: int
+    scenario: str = Field(description="the scenario id")
+    seed: int = Field(description="the world's seed (the same seed, the same episode)")
+    graders: list[str] = Field(default_factory=lambda: list(GRADERS))
+
+
+def tasks(scenarios: dict[str, ScenarioSpec], split: str) -> list[Task]:
+    """The tasks of tier ``split`` over ``scenarios``: its scenarios in id order, :data:`TASK_SEEDS`
+    evaluation seeds each (run seed 0's, as ``eval`` draws them). ``RequestError`` for another split."""
+    if split not in TIERS:
+        raise RequestError(f"unknown split {split!r}; the splits are the tiers {', '.join(TIERS)}")
+    specs = sorted((s for s in scenarios.values() if s.tier == split), key=lambda s: s.id)
+    pairs = [(s.id, seed) for s in specs for seed in episode_seeds(0, s.id, TASK_SEEDS)]
+    return [Task(id=f"{split}-{i}", split=split, index=i, scenario=sid, seed=seed) for i, (sid, seed) in enumerate(pairs)]
 
 
 class RequestError(ValueError):
@@ -60,9 +97,13 @@ class RequestError(ValueError):
 
 class SocialAction(Action):
     """One reply in the policy's format: ``BELIEF: …`` / ``ACTION: <action>`` / ``SAY: …`` (only
-    ``ACTION`` is required; the legal actions are in the observation)."""
+    ``ACTION`` is required; the legal actions are in the observation). On a server started with
+    ``scripted=True`` (baselines, tests), ``scripted`` asks the expert or the oracle to write this
+    turn's reply instead, and ``reply`` must be empty."""
 
     reply: str = Field(..., description="the reply: BELIEF/ACTION/SAY lines, ACTION required")
+    scripted: ScriptedName | None = Field(None, description=(
+        "expert or oracle: the server writes the reply (only where it was started to; reply must be empty)"))
 
     @field_validator("reply")
     @classmethod
@@ -99,8 +140,10 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self, scenarios: dict[str, ScenarioSpec] | None = None, default: str | None = None,
-                 observation: TextMode = "prompt", max_turns: int = 0, chat: ChatMode = "state") -> None:
+                 observation: TextMode = "prompt", max_turns: int = 0, chat: ChatMode = "state", scripted: bool = False) -> None:
         super().__init__()
+        self.scripted = scripted
+        """whether a step may ask the expert or the oracle for its reply (:class:`SocialAction`)"""
         self.scenarios = scenarios if scenarios is not None else load_builtin_scenarios()
         if not self.scenarios:
             raise ValueError("an environment needs at least one scenario")
@@ -112,9 +155,14 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
         self._state = SocialState()
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, scenario: str | None = None,
-              **kwargs: Any) -> SocialObservation:
+              split: str | None = None, index: int | None = None, **kwargs: Any) -> SocialObservation:
         if kwargs:
-            raise RequestError(f"reset takes seed, episode_id and scenario, not {', '.join(sorted(kwargs))}")
+            raise RequestError(f"reset takes seed, episode_id and scenario, or split and index, not {', '.join(sorted(kwargs))}")
+        if split is not None or index is not None:
+            if seed is not None or scenario is not None:
+                raise RequestError("reset takes a task (split and index) or a scenario and seed, not both")
+            task = self.get_task(split, index)  # type: ignore[arg-type]
+            seed, scenario = task.seed, task.scenario
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
             raise RequestError(f"seed must be an integer in [0, 2**63), got {seed!r}")
         if episode_id is not None and (not isinstance(episode_id, str) or _SURROGATE.search(episode_id)):
@@ -130,13 +178,42 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
             raise RequestError("no episode: call reset() first")
         if self.episode.world.done:
             raise RequestError("the episode is over: call reset() to start another")
-        reward, done, happened = self.episode.step(action.reply)
+        reply = action.reply
+        if action.scripted is not None:
+            if not self.scripted:
+                raise RequestError("this server does not write scripted replies (socialworld env serve --scripted)")
+            if reply:
+                raise RequestError("a step with scripted takes an empty reply")
+            reply = self.episode.scripted_reply(action.scripted)
+        reward, done, happened = self.episode.step(reply)
         self._state.step_count += 1
         return self._observe(reward, done, happened)
 
     @property
     def state(self) -> SocialState:
         return self._state
+
+    # OpenEnv's Task API (served under /socialworld/...; a task is chosen with reset(split=, index=))
+
+    def list_splits(self) -> list[dict[str, str]]:
+        return [{"name": t, "type": "test"} for t in TIERS]
+
+    def list_tasks(self, split: str) -> list[Task]:
+        return tasks(self.scenarios, split)
+
+    def num_tasks(self, split: str) -> int:
+        return len(self.list_tasks(split))
+
+    def get_task(self, split: str, index: int) -> Task:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise RequestError(f"index must be an integer, got {index!r}")
+        found = self.list_tasks(split)
+        if not 0 <= index < len(found):
+            raise IndexError(f"split {split} has tasks 0 to {len(found) - 1}, not {index}")
+        return found[index]
+
+    def get_task_range(self, split: str, start: int | None = None, stop: int | None = None) -> list[Task]:
+        return self.list_tasks(split)[start:stop]
 
     def _scenario(self, name: str) -> ScenarioSpec:
         found = named(self.scenarios, name) if isinstance(name, str) and not _SURROGATE.search(name) else []
@@ -153,9 +230,10 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
 
 
 def make_app(scenarios: dict[str, ScenarioSpec] | None = None, max_sessions: int = 16, observation: TextMode = "prompt",
-             max_turns: int = 0, chat: ChatMode = "state") -> Any:
+             max_turns: int = 0, chat: ChatMode = "state", scripted: bool = False) -> Any:
     """OpenEnv's FastAPI app serving :class:`SocialWorldEnvironment` over ``scenarios`` (default: the
-    shipped ones): one environment per WebSocket session, at most ``max_sessions`` at once."""
+    shipped ones): one environment per WebSocket session, at most ``max_sessions`` at once; ``scripted``:
+    steps may ask the expert or the oracle for their reply (baselines; the oracle reads hidden state)."""
     from fastapi import Request
     from fastapi.encoders import jsonable_encoder
     from fastapi.exceptions import RequestValidationError
@@ -163,7 +241,7 @@ def make_app(scenarios: dict[str, ScenarioSpec] | None = None, max_sessions: int
     _AsciiJSON = _ascii_json()
 
     specs = scenarios if scenarios is not None else load_builtin_scenarios()
-    factory = partial(SocialWorldEnvironment, specs, None, observation, max_turns, chat)
+    factory = partial(SocialWorldEnvironment, specs, None, observation, max_turns, chat, scripted)
     app = create_app(factory, SocialAction, SocialObservation, env_name=ENV_NAME, max_concurrent_envs=max_sessions,
                      state_cls=SocialState)
     # the stateless HTTP step can never play an episode here: a clear 400 in place of OpenEnv's handler
@@ -259,7 +337,7 @@ class SocialWorldClient(EnvClient[SocialAction, SocialObservation, SocialState])
     env.reset(seed=0, scenario="team_lunch"); env.step(SocialAction(reply="ACTION: wait()"))``."""
 
     def _step_payload(self, action: SocialAction) -> dict[str, Any]:
-        return {"reply": action.reply}
+        return {"reply": action.reply} if action.scripted is None else {"reply": action.reply, "scripted": action.scripted}
 
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[SocialObservation]:
         fields = {k: v for k, v in payload.get("observation", {}).items() if k in SocialObservation.model_fields}

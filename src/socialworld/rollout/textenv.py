@@ -9,20 +9,23 @@ serve it, recorded in five dimensions as the runner records any policy's.
   reply and the next observation appended).
 * :meth:`TextEpisode.step`: one reply in the policy's format (``BELIEF: …`` / ``ACTION: <action>`` /
   ``SAY: …``; only ``ACTION`` is required), parsed strictly; unparseable or illegal text is the
-  world's own case (recorded, penalised, executed as ``wait()``). Returns the world's step reward,
+  world's own case (recorded, penalised, executed as ``wait()``). A BELIEF line updates the
+  episode's running estimate (the latest statement per person and decision, and per mood), as
+  ``eval`` reads a language-model policy's replies, so a reply scores the same through every door. Returns the world's step reward,
   whether the episode ended, and what happened; at the end, ``outcome``: whether it passed and
   was solved, and the rule metrics (contract §5), from the episode's own record.
 * :meth:`TextEpisode.expert_reply`: the expert's move at this state as a reply in the policy's
   format (the BELIEF line a trained policy is taught, the action, the words), for warm starts and
-  tests.
+  tests; :meth:`TextEpisode.scripted_reply` the oracle's too (baselines).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+from socialworld.agents.lm.policy import merge
 from socialworld.agents.lm.prompts import build_messages, parse_output
-from socialworld.core import Decision
+from socialworld.core import Decision, MentalState
 from socialworld.metric_registry import KEYS
 from socialworld.metrics.core import metric_of
 from socialworld.records import EpisodeRecord, PolicyRec, StepRecord
@@ -33,6 +36,9 @@ from socialworld.world.visibility import legal_actions, observe, render, to_plai
 
 TextMode = Literal["prompt", "render"]
 ChatMode = Literal["state", "episode"]
+ScriptedName = Literal["expert", "oracle"]
+SCRIPTED_REPLIES: tuple[ScriptedName, ...] = ("expert", "oracle")
+"""the scripted policies a text episode can ask for a reply (:meth:`TextEpisode.scripted_reply`)"""
 TEXT_POLICY = "text"
 """the policy id of a text episode's record (whoever wrote the replies)"""
 
@@ -56,7 +62,10 @@ class TextEpisode:
         self._phi0 = self.world.progress()
         self._chat = build_messages(observe(self.world.spec, self.world.pub)) if chat == "episode" else []
         """the episode as one conversation (``chat="episode"`` only)"""
-        self._expert: Any = None
+        self._belief: MentalState | None = None
+        """the running estimate the replies' BELIEF lines state (:func:`~socialworld.agents.lm.policy.merge`)"""
+        self._scripted: dict[str, Any] = {}
+        """the scripted policies asked for replies (:meth:`scripted_reply`), each remembering this episode"""
 
     @classmethod
     def restored(cls, snapshot: str, spec: ScenarioSpec, mode: TextMode = "prompt", chat: ChatMode = "state") -> TextEpisode:
@@ -85,6 +94,7 @@ class TextEpisode:
         obs = observe(w.spec, w.pub)
         text = reply if isinstance(reply, str) else ""
         parsed, belief, error = parse_output(reply, obs) if isinstance(reply, str) else (None, None, "the action is not text")
+        belief = self._belief = merge(self._belief, belief)  # as LMPolicy reads its replies: the running estimate
         rec = step_record(w, obs, Decision(parsed, belief, raw=text, parse_error=error), PolicyRec(policy_id=TEXT_POLICY))
         self.steps.append(rec)
         info: dict[str, Any] = {
@@ -111,17 +121,27 @@ class TextEpisode:
         """The expert's move at this state as a reply in the policy's format: the BELIEF line a
         trained policy is taught (:func:`~socialworld.agents.lm.policy.belief_target`), its action
         and its words. The expert remembers the episode's earlier states it was asked about.
-        Played at every state it makes the expert's own moves, rewards and completion; its BELIEF
-        line names one person, so understanding (U, and D with it) is lower than the expert's own
-        records, which state everything it infers."""
-        from socialworld.agents.lm.policy import target_turn
-        from socialworld.agents.scripted import ExpertPolicy
+        Played at every state it makes the expert's own moves, rewards, completion and passes; its
+        BELIEF line names one person at a time (the running estimate gathers them), so understanding
+        (U, and D with it) is a little lower than the expert's own records, which state everything it
+        infers."""
+        return self.scripted_reply("expert")
 
-        if self._expert is None:
-            self._expert = ExpertPolicy()
-            self._expert.reset(["episode"])
+    def scripted_reply(self, policy: ScriptedName) -> str:
+        """``expert`` (:meth:`expert_reply`) or ``oracle`` (it reads the hidden state, so only a
+        baseline or a test should ask it) at this state, as a reply in the policy's format."""
+        from socialworld.agents.lm.policy import target_turn
+        from socialworld.agents.scripted import ExpertPolicy, OraclePolicy
+
+        if policy not in SCRIPTED_REPLIES:
+            raise ValueError(f"scripted replies come from {' or '.join(SCRIPTED_REPLIES)}, not {policy!r}")
+        if policy not in self._scripted:
+            self._scripted[policy] = ExpertPolicy() if policy == "expert" else OraclePolicy()
+            self._scripted[policy].reset(["episode"])
         obs = observe(self.world.spec, self.world.pub)
-        action = self._expert.act(["episode"], [obs])[0].action
+        scripted = self._scripted[policy]
+        hidden = [[self.world.hidden_view()]] if policy == "oracle" else []
+        action = scripted.act(["episode"], [obs], *hidden)[0].action
         return target_turn(obs, action.key, action.utterance)
 
 
