@@ -1,5 +1,6 @@
-"""The social world through OpenEnv's server: steps per second with 1 and with 16 sessions, against the
-same replies played on the in-process world, in one run.
+"""The social world through OpenEnv's server: steps per second with 1 and with 16 sessions, and through
+the MCP tools (``act`` over JSON-RPC on ``/mcp``), against the same replies played on the in-process
+world, in one run.
 
 Run: ``python benchmarks/openenv_speed.py`` (``--episodes N`` per session, default 4). Needs
 ``pip install -e '.[openenv]'``.
@@ -7,7 +8,8 @@ Run: ``python benchmarks/openenv_speed.py`` (``--episodes N`` per session, defau
 Each session plays the expert's moves (computed beforehand with the runner, so the expert's own
 time is not measured) as reply text: in-process through :class:`socialworld.rollout.textenv.TextEpisode`,
 then through :class:`socialworld.rollout.openenv.SocialWorldClient` over the WebSocket to a local
-server, with 1 session and with 16 sessions at once (one thread each). Prints the CPU and steps per
+server, with 1 session and with 16 sessions at once (one thread each), and through the MCP tools in one
+session (``start`` and ``act`` over HTTP JSON-RPC, one request a step). Prints the CPU and steps per
 second of each, and the ratios.
 """
 
@@ -75,6 +77,21 @@ def main() -> None:
             for t in threads:
                 t.join()
             rates[sessions] = sum(counted) / (time.perf_counter() - t0)
+        import httpx
+
+        with httpx.Client(base_url=url, timeout=60) as http:
+            def rpc(method: str, **params: object) -> dict:
+                return http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).json()
+
+            sid = rpc("openenv/session/create")["result"]["session_id"]
+            t0, counted_mcp = time.perf_counter(), 0
+            for job, replies in zip(jobs, plays):
+                rpc("tools/call", session_id=sid, name="start", arguments={"scenario": job.spec.id, "seed": job.seed})
+                for r in replies:
+                    assert "result" in rpc("tools/call", session_id=sid, name="act", arguments={"reply": r})
+                    counted_mcp += 1
+            mcp = counted_mcp / (time.perf_counter() - t0)
+            rpc("openenv/session/close", session_id=sid)
 
     print(f"CPU: {_cpu()}, {len(jobs)} episodes, {steps} steps each way")
     print(f"in-process world:        {local:9.0f} steps/s")
@@ -82,6 +99,7 @@ def main() -> None:
         print(f"OpenEnv server, {sessions:2d} session{'s' if sessions > 1 else ' '}: {rate:9.0f} steps/s "
               f"({local / rate:.0f}x slower than in-process)")
     print(f"16 sessions / 1 session: {rates[16] / rates[1]:.2f}x")
+    print(f"MCP tools, 1 session:    {mcp:9.0f} steps/s ({rates[1] / mcp:.2f}x slower than reset/step over the WebSocket)")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ pytest.importorskip("openenv")
 import socialworld  # noqa: E402
 from socialworld.agents.lm.server import in_background  # noqa: E402
 from socialworld.agents.scripted import ExpertPolicy, OraclePolicy  # noqa: E402
-from socialworld.rollout.openenv import GRADERS, TIERS, SocialWorldEnvironment, make_app  # noqa: E402
+from socialworld.rollout.openenv import GRADERS, TIERS, TOOLS, SocialWorldEnvironment, make_app  # noqa: E402
 from socialworld.rollout.runner import EpisodeJob, run_episodes  # noqa: E402
 from socialworld.rollout.textenv import outcome  # noqa: E402
 from socialworld.world.engine import PENALTY_INVALID, PENALTY_WASTE  # noqa: E402
@@ -51,6 +51,7 @@ def test_the_manifest_says_what_the_environment_does():
     assert m["validation"]["reward"]["range"] == [-(1 + worst), 1.0]
     env = SocialWorldEnvironment()
     assert m["validation"]["capabilities"]["declared_task_count"] == {t: env.num_tasks(t) for t in TIERS}
+    assert m["validation"]["capabilities"]["declared_tools"] == list(TOOLS)
     project = (FOLDER / "pyproject.toml").read_text()
     assert m["version"] == socialworld.__version__ and f'version = "{socialworld.__version__}"' in project
     assert f"socialworld[openenv]>={socialworld.__version__}" in (FOLDER / "server" / "requirements.txt").read_text()

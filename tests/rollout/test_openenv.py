@@ -163,6 +163,41 @@ def test_scripted_replies_only_where_the_server_allows_them_and_they_score_as_th
             env.step(SocialAction(reply="ACTION: wait()", scripted="oracle"))
 
 
+def test_the_mcp_tools_play_the_episode_the_websocket_plays(url, specs):
+    """OpenEnv's /mcp: in a session, start/act/observe give the WebSocket's observations and rewards for the
+    same replies; a bad call is a JSON-RPC error naming what is wrong, and the session stays usable."""
+    import httpx
+
+    from socialworld.rollout.openenv import TOOLS
+
+    spec, seed = specs["hackathon-v1"], 4
+    _, replies = _expert(spec, seed)
+    with _client(url) as env:
+        first, steps = _replay(env, {"seed": seed, "scenario": "hackathon"}, replies)
+    ids = iter(range(1, 10_000))
+
+    def rpc(method, **params):
+        r = httpx.post(f"{url}/mcp", json={"jsonrpc": "2.0", "id": next(ids), "method": method, "params": params}, timeout=30)
+        assert r.status_code == 200
+        return r.json()
+
+    sid = rpc("openenv/session/create")["result"]["session_id"]
+    assert [t["name"] for t in rpc("tools/list", session_id=sid)["result"]["tools"]] == list(TOOLS)
+    call = lambda name, **args: rpc("tools/call", session_id=sid, name=name, arguments=args)  # noqa: E731
+    assert "no episode" in call("observe")["error"]["message"]
+    got = call("start", scenario="hackathon", seed=seed)["result"]
+    assert got["text"] == first.observation.text and got["legal_actions"] == first.observation.legal_actions
+    for reply, want in zip(replies, steps):
+        got = call("act", reply=reply)["result"]
+        assert (got["text"], got["reward"], got["done"]) == (want.observation.text, want.reward, want.done)
+    assert got["metadata"]["outcome"] == steps[-1].observation.metadata["outcome"]
+    assert call("observe")["result"]["text"] == steps[-1].observation.text
+    assert "unexpected keyword argument 'colour'" in call("act", colour="red")["error"]["message"]
+    assert "unknown split 'L9'" in call("start", split="L9", index=0)["error"]["message"]
+    assert call("start", split="L0", index=1)["result"]["done"] is False  # the session stays
+    assert rpc("openenv/session/close", session_id=sid)["result"]["closed"] is True
+
+
 def test_every_http_door_answers_bad_input_with_a_4xx_and_a_message():
     """OpenEnv's HTTP routes: a bad reset is a 400 or 422 naming what is wrong; the stateless step, which
     can never play an episode here, a 400 saying to use the WebSocket; never a 500."""

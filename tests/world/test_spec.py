@@ -264,6 +264,12 @@ def test_canonical_yaml_missing_files_and_capped_specs(my_lunch, specs):
         assert parse_spec(yaml.safe_load(spec_yaml(s))).content_hash == s.content_hash
     with pytest.raises(ScenarioError, match="unknown scenario 'my_lunch'"):  # a user scenario is named by its path
         resolve_scenarios(["my_lunch"])
+    with pytest.raises(ScenarioError) as e:  # ids joined by commas: the error says how to give several
+        resolve_scenarios(["team_lunch,book_club_var7-v1"])
+    assert str(e.value).endswith("; several scenarios are several --scenario options (a path may hold a comma, so one is not split)")
+    with pytest.raises(ScenarioError) as e:
+        resolve_scenarios(["team_lunch,nowhere"])
+    assert "several --scenario" not in str(e.value)
     # a missing file is one line naming it
     with pytest.raises(ScenarioError, match=r"^nowhere.yaml: no such file$"):
         resolve_scenarios(["nowhere.yaml"])

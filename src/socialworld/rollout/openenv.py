@@ -19,6 +19,9 @@
   task an episode of one of the tier's scenarios from a fixed seed (:func:`tasks`), chosen with
   ``reset(split=, index=)``; graded by :data:`GRADERS` (``pass`` and ``CR`` in [0, 1], in the last
   observation's ``metadata["outcome"]``). ``envs/socialworld/`` is the folder OpenEnv's hub lists.
+* MCP tools (:data:`TOOLS`) beside reset/step, on OpenEnv's ``/mcp`` (JSON-RPC ``tools/list`` and
+  ``tools/call`` in a session from ``openenv/session/create``, or the ``/mcp`` WebSocket): ``start`` a task
+  or scenario, ``act`` with a reply, ``observe``.
 * A server made with ``scripted=True`` lets a step ask the expert or the oracle for its reply
   (``SocialAction(reply="", scripted="oracle")``): baselines through the same server as the model.
 
@@ -153,6 +156,8 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
         self.max_turns = max_turns
         self.episode: TextEpisode | None = None
         self._state = SocialState()
+        self.mcp_server = _tools(self)
+        """the MCP tools (:data:`TOOLS`) over this session's episode, served on ``/mcp`` by OpenEnv"""
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, scenario: str | None = None,
               split: str | None = None, index: int | None = None, **kwargs: Any) -> SocialObservation:
@@ -227,6 +232,47 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
         self._state.turn, self._state.done = self.episode.world.t, bool(self.episode.world.done)
         return SocialObservation(text=text, messages=info["messages"], legal_actions=info["legal_actions"],
                                  observation=info["observation"], reward=reward, done=done, metadata=happened)
+
+
+TOOLS = ("start", "act", "observe")
+"""the MCP tools each session offers beside reset/step (the names OpenEnv reserves are not among them)"""
+
+
+def _tools(env: SocialWorldEnvironment) -> Any:
+    """A FastMCP server whose tools play ``env``'s episode: ``start`` a task or a scenario, ``act`` with a
+    reply (the world's own parse, legality check and penalties), ``observe`` the state. Each returns the
+    observation's text, legal actions, reward, whether it is over, and what the step did; a bad call is
+    the tool's error (a JSON-RPC error naming it), never a server failure."""
+    from fastmcp import FastMCP
+
+    mcp = FastMCP(ENV_NAME)
+
+    def view(obs: SocialObservation) -> dict[str, Any]:
+        return {"text": obs.text, "legal_actions": obs.legal_actions, "reward": obs.reward, "done": obs.done,
+                "metadata": obs.metadata}
+
+    @mcp.tool
+    def start(split: str | None = None, index: int | None = None, scenario: str | None = None,
+              seed: int | None = None) -> dict[str, Any]:
+        """Start an episode: a task (split L0, L1 or L2, and its index) or a scenario (id or short name)
+        from a seed (drawn when none). Returns the first observation."""
+        return view(env.reset(seed=seed, scenario=scenario, split=split, index=index))
+
+    @mcp.tool
+    def act(reply: str) -> dict[str, Any]:
+        """Play one reply (BELIEF/ACTION/SAY lines, ACTION required; one that does not parse is a
+        penalised wait()). Returns the next observation, the step's reward and whether the episode is over
+        (then metadata.outcome holds its grades: pass and CR)."""
+        return view(env.step(SocialAction(reply=reply)))
+
+    @mcp.tool
+    def observe() -> dict[str, Any]:
+        """The current observation, without playing."""
+        if env.episode is None:
+            raise RequestError("no episode: call start first")
+        return view(env._observe(None, bool(env.episode.world.done), {}))
+
+    return mcp
 
 
 def make_app(scenarios: dict[str, ScenarioSpec] | None = None, max_sessions: int = 16, observation: TextMode = "prompt",

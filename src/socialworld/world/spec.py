@@ -578,8 +578,10 @@ def resolve_scenarios(names: list[str] | None = None, tiers: list[str] | None = 
                 continue
             if not matches:
                 where = f" (shipped, or stored in {stored_in})" if stored_in else ""
+                several = ("; several scenarios are several --scenario options (a path may hold a comma, so one is not split)"
+                           if "," in name and all(named(known, n.strip()) for n in name.split(",")) else "")
                 raise ScenarioError(f"unknown scenario '{name}'; known{where}: {', '.join(known)}; "
-                                    "a scenario of your own is given by its YAML path")
+                                    f"a scenario of your own is given by its YAML path{several}")
             chosen.append(matches[-1])
     if tiers:
         check_tiers(tiers)
