@@ -256,3 +256,46 @@ def test_at_weight_zero_the_loss_is_the_words_alone(tiny_dir):
         logits = _forward(model, rows, pad)
         decision = sum(-sum(p * float(lp) for p, lp in zip(r.probs, _block_logps(logits, b, r))) for b, r in enumerate(rows)) / len(rows)
     assert decision > 0.1 and both == pytest.approx(words + decision, abs=1e-4)
+
+
+@needs_torch
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_replies_run_as_plain_lora_with_peft_alora_s_loss_and_gradients(tiny_dir, bf16, monkeypatch):
+    """An activated adapter's replies follow their invocation everywhere, so PEFT's aLoRA path masks
+    nothing: the trainer runs them as plain LoRA (no per-token select and scatter, no float32 round
+    trip under autocast). The loss and every gradient are PEFT's own aLoRA path's, bit for bit, fresh
+    and from the store; the layers are aLoRA again after."""
+    import contextlib
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    import socialworld.learn.listwise as listwise
+    from socialworld.learn.listwise import PromptKV, build_row, row_loss
+    from socialworld.learn.train import assistant_header, load_trainable
+
+    model, tok = load_trainable(tiny_dir)
+    torch.manual_seed(5)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False,
+                                             layers_to_transform=[1], alora_invocation_tokens=assistant_header(tok), task_type="CAUSAL_LM"))
+    rows = [build_row(pair({"inquire(ann, food)": 0.0, "propose(food, pizza, all)": 1.0}), tok, 0.05, 0.05, 4096),
+            build_row(pair({"wait()": 0.0}, chosen="wait()"), tok, 0.05, 0.05, 4096)]
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def run(store):
+        got = []
+        for _ in range(2):  # the second pass from the store, where there is one
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = row_loss(model, rows, tok.pad_token_id, 1.0, store)
+            loss.backward()
+            got.append((loss.detach().clone(), [p.grad.clone() for p in params]))
+        return got
+
+    fast = run(None) + run(PromptKV())
+    variants = {id(m): dict(m.lora_variant) for m in model.modules() if getattr(m, "lora_variant", None)}
+    assert variants and all(v for v in variants.values())  # aLoRA again after the forward
+    monkeypatch.setattr(listwise, "_all_tokens_active", lambda model: contextlib.nullcontext())
+    slow = run(None) + run(PromptKV())
+    for (l1, g1), (l2, g2) in zip(fast, slow):
+        assert torch.equal(l1, l2) and all(torch.equal(a, b) for a, b in zip(g1, g2))

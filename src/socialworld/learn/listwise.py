@@ -292,6 +292,33 @@ def _only_layers(decoder: Any, lo: int, hi: int) -> Iterator[None]:
         decoder.layers = full
 
 
+@contextmanager
+def _all_tokens_active(model: Any) -> Iterator[None]:
+    """Within: the adapter's layers run as plain LoRA, for a forward whose every token follows its
+    invocation (``alora_offsets = [T] * B``: an activated adapter's replies, their prompts read apart).
+    PEFT's aLoRA path would mask nothing there, yet it selects every token and scatters the sum back
+    (``index``, ``index_put`` and their backward: a sixth of a training step on a 2-core CPU), and
+    casts each input to the adapter's float32 only for autocast to cast it back to bfloat16. The sum
+    is the same; the graph recorded within is kept for the backward pass."""
+    import torch
+    from peft.tuners.lora.layer import LoraLayer
+
+    autocast = torch.is_autocast_enabled(next(model.parameters()).device.type)
+    kept: list[tuple[Any, dict[str, Any], bool]] = []
+    for m in model.modules():
+        if isinstance(m, LoraLayer) and m.lora_variant:
+            kept.append((m, dict(m.lora_variant), getattr(m, "cast_input_dtype_enabled", True)))
+            m.lora_variant.clear()
+            if autocast:  # the matmul's dtype is autocast's whatever the input's
+                m.cast_input_dtype_enabled = False
+    try:
+        yield
+    finally:
+        for m, variants, cast in kept:
+            m.lora_variant.update(variants)
+            m.cast_input_dtype_enabled = cast
+
+
 def _reply_batch(rows: Sequence[Row], starts: Sequence[int], pad: int) -> tuple[Any, Any, Any, int, int]:
     """The rows' replies (row b's ids from ``starts[b]`` on), right-padded: ids, position ids and the
     4-D attention mask over the prompts' KV (``P`` = the longest prompt, right-padded) and the
@@ -504,7 +531,7 @@ def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[
         # the frozen part from the store: the prompts' KV in the adapted layers, the replies entering them
         cache, hidden = prompt_kv.batch(model, rows, starts, pad)
         decoder = _decoder(model)
-        with _only_layers(decoder, first, len(decoder.layers)):
+        with _only_layers(decoder, first, len(decoder.layers)), _all_tokens_active(model):
             logits = model(inputs_embeds=hidden, attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
                            use_cache=True, alora_offsets=[T] * B).logits
     else:
@@ -518,8 +545,9 @@ def _forward_activated(model: Any, rows: Sequence[Row], pad: int, inv: Sequence[
             with torch.no_grad(), model.disable_adapter():
                 cache = model(input_ids=prompt.to(dev), attention_mask=prompt_mask.to(dev), use_cache=True,
                               position_ids=torch.arange(P, device=dev).expand(B, -1), logits_to_keep=1).past_key_values
-        logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
-                       use_cache=cache is not None, alora_offsets=[T] * B).logits
+        with _all_tokens_active(model):
+            logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
+                           use_cache=cache is not None, alora_offsets=[T] * B).logits
     flat = logits.reshape(B * T, -1)
     return lambda requests: _gather(flat, T, [(b, [i - starts[b] for i in at]) for b, at in requests])
 
