@@ -126,3 +126,20 @@ def test_a_dead_model_endpoint_is_counted_apart_and_never_graded(scripted_url):
 def test_the_folders_app_is_the_environment():
     app = _module(FOLDER / "server" / "app.py", "socialworld_env_app_plain").app
     assert type(app) is type(make_app())
+
+
+@pytest.mark.slow  # pip builds the folder's wheel
+def test_the_folder_builds_as_its_own_package_beside_the_verifiers_module(tmp_path):
+    """``pip wheel envs/socialworld`` gives ``openenv-socialworld`` importing as ``socialworld_openenv`` (not
+    ``socialworld_env``, the verifiers environment's module beside the package), with its client, server
+    app and baseline."""
+    import zipfile
+
+    work = tmp_path / "src"
+    shutil.copytree(FOLDER, work, ignore=shutil.ignore_patterns("__pycache__"))  # the build writes beside the sources
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(work), "-w", str(tmp_path)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    (wheel,) = tmp_path.glob("openenv_socialworld-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"socialworld_openenv/client.py", "socialworld_openenv/server/app.py", "socialworld_openenv/baseline.py"} <= names
+    assert not any(n.startswith("socialworld_env/") for n in names)
