@@ -19,7 +19,12 @@ GRPO then trains that adapter on: the untrained bundled model's episodes make no
 groups' returns tell nothing about the task.
 
 Why ``rollout_func``, not TRL's ``environment_factory``: that drives an environment through tool
-calls, and the bundled model's chat template has none.
+calls the model writes unconstrained, and the bundled model writes none (its chat template has no
+tools; under TRL's Qwen2.5 template, 0 of 8 sampled replies to the task were a tool call). This
+example needs ``rollout_func`` because it samples each move from the legal actions only (the token
+trie) and marks which tokens the model chose (``env_mask``). For a model trained for tool calls
+(Qwen2.5, Qwen3, Llama 3.1, ...), ``socialworld.rollout.toolenv.ToolEnv`` is the
+``environment_factory`` class: one tool per move kind, the world's reward as ``get_reward()``.
 
     python examples/grpo_openenv.py                          # the bundled SmolLM2, team lunch's 7 turns, 8 expert episodes cloned, 10 GRPO steps
     python examples/grpo_openenv.py --max-turns 3 --warm-episodes 0   # 3 turns, from the untrained model

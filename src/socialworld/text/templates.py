@@ -206,6 +206,22 @@ POLICY_ALL_AGREE = "everyone here agrees"
 POLICY_NO_MOVES = "nothing yet"
 POLICY_FAVOURED = "favoured"
 
+# ---------------------------------------------------------------- the world as tools (TRL's environment_factory)
+
+TOOL_PROMPT_VERSION: Final = "tools-v1"
+TOOL_TASK = (
+    "You organise a group decision: ask people what they want, propose options they accept, negotiate with "
+    "those who refuse, finalize once all agree. Act by calling one tool a turn; each tells you what people "
+    "said and the new state.\n\n{brief}\n\n{state}"
+)
+"""what ``reset`` returns: ``{brief}`` the scenario's static part, ``{state}`` the first state (policy prompt's user message)"""
+TOOL_RESULT = "{said}{state}"
+"""a tool's answer: ``{said}`` the people's replies (one line each, or nothing), then the new state"""
+TOOL_REFUSED = "The world did not take that move ({error}): you waited this turn.\n"
+"""the line before the state when a move was not legal or did not parse (the world's wait() and penalty)"""
+TOOL_OVER = "The meeting is over: {result} ({done} of {total} decisions settled)."
+"""a tool's answer when its move ended the episode; ``{result}``: passed or failed"""
+
 # ---------------------------------------------------------------- theory-of-mind stories
 
 TOM_STORY_VERSION: Final = "tom-story-v1"
