@@ -14,7 +14,8 @@ is not legal at this state (an unknown person or option, a decided decision) is 
 penalised ``wait()``, told to the model in the answer; a call with an argument the tool does not
 take is the tool's error (TRL counts it as a tool failure) and plays nothing. A call after the
 episode ended is an error too. The answer is what people said, then the new state (the policy
-prompt's user message), or at the end whether the episode passed.
+prompt's user message), or at the end whether the episode passed. The texts are the templates
+``TOOL_*`` (``text.templates``, version ``tools-v1``).
 
 The reward is the episode's return so far (the sum of the world's step rewards, contract §3), so
 a rollout that stops calling tools before the end is scored on what it did. :attr:`ToolEnv.outcome`

@@ -220,7 +220,7 @@ TOOL_RESULT = "{said}{state}"
 TOOL_REFUSED = "The world did not take that move ({error}): you waited this turn.\n"
 """the line before the state when a move was not legal or did not parse (the world's wait() and penalty)"""
 TOOL_OVER = "The meeting is over: {result} ({done} of {total} decisions settled)."
-"""a tool's answer when its move ended the episode; ``{result}``: passed or failed"""
+"""a tool's answer when its move ended the episode; ``{result}``: passed or not passed"""
 
 # ---------------------------------------------------------------- theory-of-mind stories
 
