@@ -230,17 +230,17 @@ def stub_endpoint(reply):
 def reading_reply(messages: list[dict]) -> str:
     """A deterministic reply in the policy's format from a conversation's system message (the
     decisions' options) and its last user message (the turn, who is here, which decisions are
-    open) alone: at turn k, for the first open decision, ``inquire`` the (k mod n)-th person present
+    open) alone, under any prompt version: at turn k, for the first open decision, ``inquire`` the (k mod n)-th person present
     on odd turns, ``propose`` its first option to all on even ones, ``finalize`` it every fourth;
     ``end()`` once none is open. Not a good policy: one whose replies depend on the state alone, so
     a growing conversation and a fresh prompt per state give the same episode."""
     import re
 
     system, last = messages[0]["content"], messages[-1]["content"]
-    options = dict(re.findall(r"^(\w+): options (\w+)", system, re.M))
+    options = dict(re.findall(r"^(\w+): (?:options )?(\w+)[ |\n]", system + "\n", re.M))  # policy-v6's brief, or v8's
     turn = int(m.group(1)) if (m := re.search(r"Turn (\d+)/", last)) else 1
-    line = re.search(r"^Here: (.*)$", last, re.M)
-    here = re.findall(r"(\w+) \(", line.group(1)) if line else []
+    line = re.search(r"^(?:Here|Moods): (.*)$", last, re.M)
+    here = re.findall(r"(\w+) (?:\(|\?|low\b|mid\b|high\b)", line.group(1)) if line else []
     open_ = [d for d in re.findall(r"^(\w+): open", last, re.M) if d in options]
     if not open_:
         return "ACTION: end()"

@@ -102,3 +102,83 @@ def test_vf_eval_plays_the_episodes_socialworld_eval_plays(tmp_path):
         assert metrics["SolveRate"] == float(m["solved"])
         assert metrics["steps"] == len(r["steps"]) and metrics["finished"] == 1.0
         assert metrics["parse_failures"] == sum(s["action"]["parse_status"] != "ok" for s in r["steps"])
+
+
+def _state_reply(messages: list[dict]) -> str:
+    """``reading_reply`` at the state a conversation's last user message shows: the policy prompt
+    itself (socialworld's taskset), or verifiers' OpenEnv taskset's JSON payload, whose observation
+    carries the same prompt (``messages``)."""
+    try:
+        payload = json.loads(messages[-1]["content"])
+    except (json.JSONDecodeError, TypeError):
+        return reading_reply(messages)
+    return reading_reply(payload["observation"]["messages"])
+
+
+@needs_verifiers
+def test_verifiers_own_openenv_taskset_against_env_serve_gives_the_tasksets_rewards(tmp_path):
+    """verifiers' built-in ``openenv`` taskset, pointed at ``socialworld env serve``, and socialworld's own
+    taskset, against one endpoint whose reply depends on the state alone: the same episodes, so the
+    OpenEnv taskset's ``openenv_reward`` (the sum of the server's step rewards) is socialworld's ``return``
+    on every seed. The server runs from a venv with the openenv extra (``SOCIALWORLD_OPENENV_SERVE``: its
+    ``socialworld``), as OpenEnv 0.10 and verifiers 0.4 cannot share one; the client side needs
+    ``openenv-core`` 0.3 here, the last OpenEnv client that installs beside verifiers' mcp 2 pin."""
+    import socket
+    import time
+    import urllib.request
+
+    serve = os.environ.get("SOCIALWORLD_OPENENV_SERVE")
+    if not serve or find_spec("openenv") is None:
+        why = "needs SOCIALWORLD_OPENENV_SERVE (a socialworld with the openenv extra) and openenv-core here"
+        pytest.fail(why) if REQUIRED else pytest.skip(why)
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "STUB_KEY": "x"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pairs = [(sid, seed) for sid in ("team_lunch-v1", "hackathon-v1") for seed in episode_seeds(0, sid, 2)]
+    server = subprocess.Popen([serve, "env", "serve", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        common = ["-m", "stub", "-r", "1", "--client.api-key-var", "STUB_KEY", "--no-push", "--no-rich"]
+        with stub_endpoint(chat_stub(_state_reply)) as url:
+            # the taskset's fields in a config file (the OpenEnv taskset validates before flags apply); the player a plain
+            # chat program run locally, as socialworld's taskset's (verifiers' default harness wants a Prime tunnel)
+            config = tmp_path / "openenv.toml"
+            config.write_text('[env.taskset]\nid = "openenv"\nbase_url = "http://127.0.0.1:%d"\nresets = [%s]\n'
+                              '[env.player]\nharness = { id = "null" }\nruntime = { type = "subprocess" }\n' % (
+                                  port, ", ".join('{ scenario = "%s", seed = %d }' % pair for pair in pairs)))
+            runs = {"openenv": ["@", str(config), "-n", str(len(pairs))],
+                    "socialworld": ["socialworld-env", "-n", str(len(pairs)), "--env.taskset.episodes", "2",
+                                    "--env.taskset.scenarios", json.dumps(["team_lunch", "hackathon"])]}
+            for name, args in runs.items():
+                done = subprocess.run([str(bin_dir / "vf-eval"), *args, *common, "--client.base-url", url, "-o", str(tmp_path / name)],
+                                      capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+                assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    def traces(name):
+        (path,) = (tmp_path / name).glob("*/traces.jsonl")
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    ours = {}
+    for episode in traces("socialworld"):
+        (trace,) = episode["traces"]
+        ours[(episode["task"]["data"]["scenario"], episode["task"]["data"]["seed"])] = trace["metrics"]
+    theirs = {}
+    for episode in traces("openenv"):
+        assert episode["ok"], episode["errors"]
+        (trace,) = episode["traces"]
+        reset = episode["task"]["data"]["reset"]
+        theirs[(reset["scenario"], reset["seed"])] = trace["rewards"]["openenv_reward"]["score"]
+    assert sorted(ours) == sorted(theirs) == sorted(pairs)
+    for key, metrics in ours.items():
+        assert theirs[key] == pytest.approx(metrics["return"]) and metrics["steps"] > 1
+    assert len({round(r, 6) for r in theirs.values()}) > 1  # the episodes differ: not one constant reward
