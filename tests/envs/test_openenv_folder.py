@@ -131,8 +131,7 @@ def test_the_folders_app_is_the_environment():
 @pytest.mark.slow  # pip builds the folder's wheel
 def test_the_folder_builds_as_its_own_package_beside_the_verifiers_module(tmp_path):
     """``pip wheel envs/socialworld`` gives ``openenv-socialworld`` importing as ``socialworld_openenv`` (not
-    ``socialworld_env``, the verifiers environment's module beside the package), with its client, server
-    app and baseline."""
+    ``socialworld_verifiers``, the verifiers environment's package), with its client, server app and baseline."""
     import zipfile
 
     work = tmp_path / "src"
@@ -142,4 +141,29 @@ def test_the_folder_builds_as_its_own_package_beside_the_verifiers_module(tmp_pa
     (wheel,) = tmp_path.glob("openenv_socialworld-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"socialworld_openenv/client.py", "socialworld_openenv/server/app.py", "socialworld_openenv/baseline.py"} <= names
-    assert not any(n.startswith("socialworld_env/") for n in names)
+    assert not any(n.startswith("socialworld_verifiers/") for n in names)
+
+
+VERIFIERS_FOLDER = FOLDER.parent / "socialworld-verifiers"
+
+
+def test_the_verifiers_package_is_laid_out_as_vf_init_lays_one_out():
+    """``envs/socialworld-verifiers``: a hatchling project named as its id, at socialworld's version, whose
+    package exports exactly one Taskset and one Env subclass in ``__all__`` (what verifiers reads), and a
+    README with the sections Prime's hub shows."""
+    import ast
+    import tomllib
+
+    import socialworld
+
+    project = tomllib.loads((VERIFIERS_FOLDER / "pyproject.toml").read_text())
+    assert project["build-system"]["build-backend"] == "hatchling.build"
+    assert project["project"]["name"] == "socialworld-verifiers" and project["project"]["version"] == socialworld.__version__
+    assert project["project"]["dependencies"] == [f"socialworld[verifiers]>={socialworld.__version__}"]
+    assert project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["socialworld_verifiers"]
+    tree = ast.parse((VERIFIERS_FOLDER / "socialworld_verifiers" / "__init__.py").read_text())
+    exported = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "__all__")
+    assert {"SocialWorldTaskset", "SocialWorldEnv"} <= set(exported)
+    readme = (VERIFIERS_FOLDER / "README.md").read_text()
+    for section in ("### Overview", "**Environment ID**: `socialworld-verifiers`", "### Quickstart", "### Environment arguments", "### Metrics"):
+        assert section in readme

@@ -3,7 +3,7 @@ verifiers loads any, and ``vf-eval`` against an endpoint gives the episodes ``so
 gives against the same endpoint.
 
 verifiers 0.4 pins ``mcp==2.0.0`` and OpenEnv (the ``[test]`` extra) needs ``mcp<2``, so these run
-in their own environment (``pip install -e '.[verifiers]' pytest``; ``.ci/run`` makes one and sets
+in their own environment (``pip install -e '.[verifiers]' -e envs/socialworld-verifiers pytest``; ``.ci/run`` makes one and sets
 ``SOCIALWORLD_REQUIRE_VERIFIERS=1`` so that they cannot skip there). ``vf-eval``'s chat program
 runs under ``uv``, which fetches its few packages from PyPI the first time."""
 
@@ -33,30 +33,30 @@ def test_without_verifiers_the_environment_says_what_it_needs():
     import socialworld  # noqa: F401  (the package itself never needs verifiers)
 
     with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[verifiers\]' in a venv of its own"):
-        import socialworld_env  # noqa: F401
+        import socialworld.rollout.verifiers_env  # noqa: F401
 
 
 @needs_verifiers
 def test_verifiers_loads_the_environment_by_its_id(specs):
+    import socialworld_verifiers
     import verifiers.v1 as vf
 
-    import socialworld_env
     from socialworld.rollout.verifiers_env import SocialWorldEnv, SocialWorldTaskset
 
-    env = vf.load_environment(vf.resolve_env_config({"taskset": {"id": "socialworld-env", "scenarios": ["team_lunch", "hackathon-v1"],
+    env = vf.load_environment(vf.resolve_env_config({"taskset": {"id": "socialworld-verifiers", "scenarios": ["team_lunch", "hackathon-v1"],
                                                                  "episodes": 2, "seed": 7}}))
     assert type(env) is SocialWorldEnv and type(env.taskset) is SocialWorldTaskset
-    assert socialworld_env.SocialWorldEnv is SocialWorldEnv
+    assert socialworld_verifiers.SocialWorldEnv is SocialWorldEnv
     tasks = [t.data for t in env.taskset]
     want = [(sid, s) for sid in ("team_lunch-v1", "hackathon-v1") for s in episode_seeds(7, sid, 2)]
     assert [(d.scenario, d.seed) for d in tasks] == want
     first = build_messages(observe(specs["team_lunch-v1"], World(specs["team_lunch-v1"], want[0][1]).pub))
     assert (tasks[0].system_prompt, tasks[0].prompt) == (first[0]["content"], first[1]["content"])
-    everything = vf.load_environment(vf.resolve_env_config({"taskset": {"id": "socialworld-env", "episodes": 1}}))
+    everything = vf.load_environment(vf.resolve_env_config({"taskset": {"id": "socialworld-verifiers", "episodes": 1}}))
     assert sorted(t.data.scenario for t in everything.taskset) == sorted(specs)
     for bad, says in (({"scenarios": ["no_such_place"]}, "unknown scenario 'no_such_place'"),
                       ({"episodes": 0}, "episodes must be at least 1")):
-        env = vf.load_environment(vf.resolve_env_config({"taskset": {"id": "socialworld-env", **bad}}))
+        env = vf.load_environment(vf.resolve_env_config({"taskset": {"id": "socialworld-verifiers", **bad}}))
         with pytest.raises(ValueError, match=says):
             list(env.taskset)
 
@@ -64,7 +64,7 @@ def test_verifiers_loads_the_environment_by_its_id(specs):
 @needs_verifiers
 def test_vf_eval_plays_the_episodes_socialworld_eval_plays(tmp_path):
     """Against one endpoint whose reply depends on the state alone (so a growing conversation and
-    a fresh prompt per state act alike), ``vf-eval socialworld-env`` and ``socialworld eval`` play the
+    a fresh prompt per state act alike), ``vf-eval socialworld-verifiers`` and ``socialworld eval`` play the
     same episodes: the same steps and the same PassRate, CR and D, recorded as named rewards."""
     bin_dir = Path(sys.executable).parent
     if shutil.which("uv", path=str(bin_dir)) is None and shutil.which("uv") is None:
@@ -72,7 +72,7 @@ def test_vf_eval_plays_the_episodes_socialworld_eval_plays(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "STUB_KEY": "x"}
     scenarios = ["team_lunch", "hackathon"]
     with stub_endpoint(chat_stub(reading_reply)) as url:
-        vf_run = subprocess.run([str(bin_dir / "vf-eval"), "socialworld-env", "-m", "stub", "-n", "4", "-r", "1",
+        vf_run = subprocess.run([str(bin_dir / "vf-eval"), "socialworld-verifiers", "-m", "stub", "-n", "4", "-r", "1",
                                  "--client.base-url", url, "--client.api-key-var", "STUB_KEY", "--no-push", "--no-rich",
                                  "-o", str(tmp_path / "vf"), "--env.taskset.episodes", "2",
                                  "--env.taskset.scenarios", json.dumps(scenarios)],
@@ -154,7 +154,7 @@ def test_verifiers_own_openenv_taskset_against_env_serve_gives_the_tasksets_rewa
                               '[env.player]\nharness = { id = "null" }\nruntime = { type = "subprocess" }\n' % (
                                   port, ", ".join('{ scenario = "%s", seed = %d }' % pair for pair in pairs)))
             runs = {"openenv": ["@", str(config), "-n", str(len(pairs))],
-                    "socialworld": ["socialworld-env", "-n", str(len(pairs)), "--env.taskset.episodes", "2",
+                    "socialworld": ["socialworld-verifiers", "-n", str(len(pairs)), "--env.taskset.episodes", "2",
                                     "--env.taskset.scenarios", json.dumps(["team_lunch", "hackathon"])]}
             for name, args in runs.items():
                 done = subprocess.run([str(bin_dir / "vf-eval"), *args, *common, "--client.base-url", url, "-o", str(tmp_path / name)],

@@ -1,11 +1,11 @@
 """The social world as a `verifiers <https://github.com/PrimeIntellect-ai/verifiers>`_ environment
-(verifiers 0.4, its ``verifiers.v1`` stack; ``pip install -e '.[verifiers]'``), for trainers and
+(verifiers 0.4, its ``verifiers.v1`` stack; ``pip install -e '.[verifiers]' -e envs/socialworld-verifiers``), for trainers and
 evaluators that load verifiers environments (``vf-eval``, prime-rl).
 
 verifiers resolves an environment by the name of an importable module that exports, in its
 ``__all__``, one ``Taskset`` subclass and optionally one ``Env`` subclass. The id is
-``socialworld-env``: the top-level module ``socialworld_env`` (shipped beside the ``socialworld``
-package) exports the classes below.
+``socialworld-verifiers``: the package ``envs/socialworld-verifiers`` (module ``socialworld_verifiers``,
+what Prime's Environments Hub lists) exports the classes below.
 
 * :class:`SocialWorldTaskset`: one task per (scenario, evaluation seed), the seeds derived from the
   run seed as ``socialworld eval`` derives them (``--env.taskset.seed``, ``--env.taskset.episodes``
@@ -22,7 +22,7 @@ package) exports the classes below.
   rewards), ``steps``, ``parse_failures`` and ``finished`` (0 when the agent stopped before the
   world's turn budget ended: then the episode is scored as it stands).
 
-The model is reached as verifiers reaches any: ``vf-eval socialworld-env -m <model> --client.base-url
+The model is reached as verifiers reaches any: ``vf-eval socialworld-verifiers -m <model> --client.base-url
 <url>``, e.g. ``socialworld serve --model bundled``. The conversation grows (every reply and
 observation stays in it), where ``socialworld eval``'s language-model policies see each state as a
 fresh system and user message: a model that reads its history can act differently here.
