@@ -16,19 +16,8 @@ second of each, and the ratios.
 from __future__ import annotations
 
 import argparse
-import platform
 import threading
 import time
-
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main() -> None:
@@ -36,6 +25,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=4, help="episodes per session")
     args = ap.parse_args()
 
+    from socialworld.agents.models import cpu_description
     from socialworld.agents.scripted import ExpertPolicy
     from socialworld.rollout.openenv import SocialAction, SocialWorldClient, make_app
     from socialworld.rollout.runner import EpisodeJob, run_episodes
@@ -93,7 +83,7 @@ def main() -> None:
             mcp = counted_mcp / (time.perf_counter() - t0)
             rpc("openenv/session/close", session_id=sid)
 
-    print(f"CPU: {_cpu()}, {len(jobs)} episodes, {steps} steps each way")
+    print(f"CPU: {cpu_description()}, {len(jobs)} episodes, {steps} steps each way")
     print(f"in-process world:        {local:9.0f} steps/s")
     for sessions, rate in rates.items():
         print(f"OpenEnv server, {sessions:2d} session{'s' if sessions > 1 else ' '}: {rate:9.0f} steps/s "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import platform
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +27,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import socialworld.learn.listwise as listwise
-    from socialworld.agents.models import bundled_path
+    from socialworld.agents.models import bundled_path, cpu_description
     from socialworld.agents.registry import make_policy
     from socialworld.bench.config import RECIPE_SLEEP, RECIPE_TRAIN
     from socialworld.learn.loop import train_seeds
@@ -56,9 +55,7 @@ def main() -> None:
                 got[name].append((fresh.train_seconds / fresh.steps, kept.train_seconds / kept.steps, kept.record.losses[-1]))
     finally:
         listwise._all_tokens_active = plain
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    print(f"cpu: {cpu}; {args.repeats} interleaved runs each; s/step fresh (8 steps of 4 rows) and from the store ({args.steps} steps)")
+    print(f"cpu: {cpu_description()}; {args.repeats} interleaved runs each; s/step fresh (8 steps of 4 rows) and from the store ({args.steps} steps)")
     mean = {name: (sum(r[0] for r in v) / len(v), sum(r[1] for r in v) / len(v)) for name, v in got.items()}
     for name, (f, k) in mean.items():
         print(f"{name:11s} fresh {f:.2f}  store {k:.2f}  last losses {[round(r[2], 6) for r in got[name]]}")

@@ -149,7 +149,7 @@ VERIFIERS_FOLDER = FOLDER.parent / "socialworld-verifiers"
 
 def test_the_verifiers_package_is_laid_out_as_vf_init_lays_one_out():
     """``envs/socialworld-verifiers``: a hatchling project named as its id, at socialworld's version, whose
-    package exports exactly one Taskset and one Env subclass in ``__all__`` (what verifiers reads), and a
+    package exports the Taskset and Env subclasses in ``__all__`` (what verifiers reads), and a
     README with the sections Prime's hub shows."""
     import ast
     import tomllib

@@ -44,14 +44,13 @@ def test_the_experts_tool_calls_play_the_runners_episode(specs, name):
     messages = expert_conversation(specs[name], seed)
     env = ToolEnv(specs)
     assert env.reset(name, seed) == messages[0]["content"]
-    for m in messages:
+    for m, answer in zip(messages, messages[1:]):
         if m["role"] == "assistant":
             call = m["tool_calls"][0]["function"]
-            assert getattr(env, call["name"])(**call["arguments"])  # the same answers as recorded
+            assert getattr(env, call["name"])(**call["arguments"]) == answer["content"]  # the same answers as recorded
     assert env.get_reward() == pytest.approx(sum(s.signals.reward.value for s in ep.steps))
     assert env.outcome is not None and env.outcome["pass"] == ep.metrics.passed
     assert [m["tool_calls"][0]["function"]["name"] for m in messages if m["role"] == "assistant"] == [s.action.executed.split("(")[0] for s in ep.steps]
-    assert messages[-1]["content"].startswith(tuple(f"{r}: " for r in ("world", "alice"))) or "The meeting is over" in messages[-1]["content"]
     assert ("The meeting is over: passed" in messages[-1]["content"]) == bool(ep.metrics.passed)
 
 

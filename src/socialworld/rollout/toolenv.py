@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from socialworld.agents.lm.prompts import brief, build_messages
+from socialworld.agents.lm.prompts import brief
 from socialworld.core import ACTION_ARGS, Action
 from socialworld.rollout.textenv import TextEpisode
 from socialworld.text import templates
@@ -54,7 +54,6 @@ class ToolEnv:
             raise ValueError("a tool environment needs at least one scenario")
         self._max_turns = max_turns
         self._episode: TextEpisode | None = None
-        self._return = 0.0
         self.outcome: dict[str, Any] | None = None
         """the episode's rule metrics once it is over (``rollout.textenv.outcome``), else None"""
 
@@ -70,14 +69,14 @@ class ToolEnv:
         if not found:
             raise ValueError(f"unknown scenario {scenario!r}; this environment has {', '.join(self._scenarios)}")
         self._episode = TextEpisode(capped(found[-1], self._max_turns), seed)
-        self._return, self.outcome = 0.0, None
+        self.outcome = None
         obs = observe(self._episode.world.spec, self._episode.world.pub)
         return templates.TOOL_TASK.format(brief=brief(obs, templates.POLICY_PROMPTS[templates.POLICY_PROMPT_VERSION].view),
                                           state=self._state())
 
     def get_reward(self) -> float:
         """The episode's return so far: the sum of the world's step rewards (TRL's reserved reward method)."""
-        return self._return
+        return 0.0 if self._episode is None else sum(float(s.signals.reward.value or 0.0) for s in self._episode.steps)
 
     # ------------------------------------------------------------------ the tools (one per move kind)
 
@@ -154,8 +153,7 @@ class ToolEnv:
 
     def _state(self) -> str:
         assert self._episode is not None
-        w = self._episode.world
-        return build_messages(observe(w.spec, w.pub))[-1]["content"]
+        return self._episode.observe()[0]
 
     def _play(self, kind: str, say: str, **args: str) -> str:
         if self._episode is None:
@@ -166,16 +164,15 @@ class ToolEnv:
             raise TypeError("every argument of a move is text")
         move = f"{kind}({', '.join(args[a] for a in ACTION_ARGS[kind])})"
         reply = f"ACTION: {move}" + (f"\nSAY: {' '.join(say.split())}" if say.strip() else "")
-        reward, done, info = self._episode.step(reply)
-        self._return += reward
+        _, done, info = self._episode.step(reply)
         said = "".join(f"{r['speaker']}: {r['text']}\n" for r in info["replies"])
         if info["parse_status"] != "ok":
             said = templates.TOOL_REFUSED.format(error=info["error"]) + said
         if done:
             self.outcome = info.get("outcome")
-            met = [k for k, v in info["subgoals"].items() if k.startswith("slot:")]
+            slots = [met for goal, met in info["subgoals"].items() if goal.startswith("slot:")]
             result = "passed" if self.outcome and self.outcome["pass"] == 1.0 else "not passed"
-            return said + templates.TOOL_OVER.format(result=result, done=sum(info["subgoals"][k] for k in met), total=len(met))
+            return said + templates.TOOL_OVER.format(result=result, done=sum(slots), total=len(slots))
         return templates.TOOL_RESULT.format(said=said, state=self._state())
 
 
