@@ -63,17 +63,23 @@ BAD = {
     "top_logprobs without logprobs": {"model": "tiny", "messages": MSG, "top_logprobs": 2},
     "top_logprobs 21": {"model": "tiny", "messages": MSG, "logprobs": True, "top_logprobs": 21},
     "logprobs streamed": {"model": "tiny", "messages": MSG, "logprobs": True, "stream": True},
-    "logprobs under a grammar": {"model": "tiny", "messages": MSG, "temperature": 0, "logprobs": True,
-                                 "structured_outputs": {"regex": "A:(?:x|y)"}},
     "stream_options without stream": {"model": "tiny", "messages": MSG, "stream_options": {"include_usage": True}},
-    "json schema": {"model": "tiny", "messages": MSG, "response_format": {"type": "json_schema", "json_schema": {}}},
+    "json_schema without its schema": {"model": "tiny", "messages": MSG, "response_format": {"type": "json_schema", "json_schema": {}}},
+    "json_schema type without json_schema": {"model": "tiny", "messages": MSG, "response_format": {"type": "json_schema"}},
+    "a response_format of another type": {"model": "tiny", "messages": MSG, "response_format": {"type": "xml"}},
     "five stops": {"model": "tiny", "messages": MSG, "stop": ["a", "b", "c", "d", "e"]},
     "an unknown field": {"model": "tiny", "messages": MSG, "best_of": 3},
     "seed 2**64": {"model": "tiny", "messages": MSG, "seed": 2**64},  # was an unhandled overflow in the server
     "seed -2**63 - 1": {"model": "tiny", "messages": MSG, "seed": -(2**63) - 1},
-    "a grammar sampled": {"model": "tiny", "messages": MSG, "temperature": 1, "structured_outputs": {"regex": "A:(?:x|y)"}},
-    "a grammar beyond the reply language": {"model": "tiny", "messages": MSG, "temperature": 0, "structured_outputs": {"regex": "a+"}},
-    "a grammar without regex": {"model": "tiny", "messages": MSG, "temperature": 0, "structured_outputs": {"json": {}}},
+    "a regex that does not compile": {"model": "tiny", "messages": MSG, "structured_outputs": {"regex": "(yes|no"}},
+    "a Lark grammar that does not compile": {"model": "tiny", "messages": MSG, "structured_outputs": {"grammar": "start: foo"}},
+    "a JSON schema that is not an object": {"model": "tiny", "messages": MSG, "structured_outputs": {"json": "[1, 2"}},
+    "two grammars": {"model": "tiny", "messages": MSG, "structured_outputs": {"regex": "a", "choice": ["a"]}},
+    "no grammar": {"model": "tiny", "messages": MSG, "structured_outputs": {}},
+    "an empty choice": {"model": "tiny", "messages": MSG, "structured_outputs": {"choice": []}},
+    "an unknown grammar field": {"model": "tiny", "messages": MSG, "structured_outputs": {"ebnf": "x"}},
+    "a grammar and a JSON response_format": {"model": "tiny", "messages": MSG, "structured_outputs": {"regex": "a"},
+                                             "response_format": {"type": "json_object"}},
     # a JSON escape spells a lone surrogate, which no tokenizer or UTF-8 reply can carry (was a 500 from the tokenizer)
     "a lone surrogate in the content": {"model": "tiny", "messages": [{"role": "user", "content": "hi \ud800"}]},
     "a lone surrogate in a text part": {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
@@ -109,7 +115,7 @@ def test_a_decoding_error_is_a_500_not_a_dropped_connection(tiny_dir):
         def count(self, text):
             return 1
 
-        def __call__(self, jobs, should_stop):
+        def __call__(self, jobs, admit):
             raise RuntimeError("out of memory")
 
     with serving(make_app(Broken(), "tiny")) as u:
@@ -123,7 +129,7 @@ def test_parameters_are_honoured(client, tiny_app):
     greedy = client.chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=10)
     assert client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}], temperature=0,
                                           max_tokens=10).choices[0].message.content == greedy.choices[0].message.content
-    local = gen([_job(gen, 10)], lambda: False)[0]
+    local = _local(gen, _job(gen, 10))
     assert greedy.choices[0].message.content == local.text and greedy.usage.completion_tokens == local.tokens_out
     for tiny in (1e-40, 1e-300):  # in range, and greedy in effect: the scaled logits overflowed the sampler (a 500)
         assert client.chat.completions.create(model="tiny", messages=MSG, temperature=tiny,
@@ -176,6 +182,69 @@ def test_a_reply_grammar_is_decoded_under_it(client, tiny_app, specs):
     assert [r.choices[0].message.content for r in replies] == [d.text for d in local]
     assert all(parse_output(r.choices[0].message.content, o)[2] is None for r, o in zip(replies, obs))  # parseable
     assert app.state.batcher.stats.batches - batches < 3  # requests that arrive together decode together
+
+
+SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+          "required": ["answer", "n"], "additionalProperties": False}
+
+
+def test_structured_outputs_in_full_greedy_or_sampled(client):
+    """Any regex, a JSON schema, a choice list, a Lark grammar, OpenAI's response_format: greedy,
+    seeded or not, each reply follows its grammar, and a seed still fixes the reply."""
+    def ask(so=None, **kw):
+        body = {"structured_outputs": so} if so is not None else {}
+        return client.chat.completions.create(model="tiny", messages=MSG, max_tokens=40, extra_body=body, **kw)
+
+    choices = ["alice's place", 'Ben "B" Ng', "café"]
+    for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 4}, {"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.5}):
+        r = ask({"regex": "(yes|no)"}, **sampling)
+        assert r.choices[0].message.content in {"yes", "no"} and r.choices[0].finish_reason == "stop"
+        assert ask({"choice": choices}, **sampling).choices[0].message.content in choices
+        data = json.loads(ask({"json": SCHEMA}, **sampling).choices[0].message.content)
+        assert data["answer"] in ("yes", "no") and 0 <= data["n"] <= 9 and set(data) == {"answer", "n"}
+        go = ask({"grammar": 'start: "go " DIR\nDIR: "left" | "right"'}, **sampling).choices[0].message.content
+        assert go in {"go left", "go right"}
+        fmt = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=40, **sampling,
+                                             response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}})
+        assert set(json.loads(fmt.choices[0].message.content)) == {"answer", "n"}
+    seeded = [ask({"choice": choices}, temperature=1.0, seed=s, n=4).choices for s in (11, 11)]
+    assert [c.message.content for c in seeded[0]] == [c.message.content for c in seeded[1]]
+    assert all(c.message.content in choices for c in seeded[0])
+    as_text = ask({"regex": "[a-c]{3}"}, temperature=0, logprobs=True)  # logprobs under a grammar: the model's own
+    assert "".join(t.token for t in as_text.choices[0].logprobs.content) == as_text.choices[0].message.content
+    obj = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=40, temperature=0, response_format={"type": "json_object"})
+    text = obj.choices[0].message.content
+    assert text.startswith("{") and (obj.choices[0].finish_reason == "length" or isinstance(json.loads(text), dict))
+
+
+def test_the_later_turns_of_concurrent_clients_join_the_running_batch(url, tiny_app):
+    """Four multi-turn clients (each turn's request sent when its last reply came back, so they
+    arrive apart): their later requests join the batch that is decoding, and every reply is the one
+    the same conversation gets when it runs alone."""
+    _, app = tiny_app
+    stats = app.state.batcher.stats
+
+    def conversation(i, c, out):
+        messages = [{"role": "user", "content": f"Turn 1/7. Here: {'alice' if i % 2 else 'ben'} {i}"}]
+        for turn in range(3):
+            r = c.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=6 + 3 * i + turn)
+            out.append(r.choices[0].message.content)
+            messages += [{"role": "assistant", "content": out[-1]}, {"role": "user", "content": f"Turn {turn + 2}/7."}]
+
+    c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+    alone: list[list[str]] = [[] for _ in range(4)]
+    for i in range(4):
+        conversation(i, c, alone[i])
+    joined_before = stats.joined
+    together: list[list[str]] = [[] for _ in range(4)]
+    threads = [threading.Thread(target=conversation, args=(i, openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60),
+                                                           together[i])) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert together == alone
+    assert stats.joined - joined_before >= 2
 
 
 def test_n_samples_of_one_prompt_decode_in_one_batch(client, tiny_app):
@@ -259,6 +328,14 @@ def test_each_request_is_one_log_line(url, client, caplog):
     assert lines[1].startswith("POST /v1/chat/completions 400 ") and lines[2].startswith("GET /v1/models 200 ")
 
 
+def _local(gen, job):
+    """The reply ``gen`` decodes for ``job`` alone."""
+    got = []
+    job.deliver = got.append
+    gen([job], lambda: [])
+    return got[0]
+
+
 def _job(gen, n):
     from socialworld.agents.lm.server import Job, Sampling
 
@@ -318,16 +395,17 @@ class Slow:
     def count(self, text):
         return 1
 
-    def __call__(self, jobs, should_stop):
+    def __call__(self, jobs, admit):
         n = 0
-        while n < max(j.max_tokens for j in jobs) and not should_stop():
+        while n < max(j.max_tokens for j in jobs) and not all(j.cancelled for j in jobs):
             time.sleep(0.02)
             n += 1
             for j in jobs:
                 if j.emit is not None:
                     j.emit("x" * n)
         self.decoded.append(n)
-        return [Generated("x" * n, 1, n, "length") for _ in jobs]
+        for j in jobs:
+            j.deliver(Generated("x" * n, 1, n, "length"))
 
 
 def test_a_client_that_goes_away_cancels_its_work():

@@ -481,7 +481,7 @@ def serve_cmd(
     max_new_tokens: int = typer.Option(64, help=f"default max_tokens of a request ({COUNT})"),
     dtype: Literal["auto", "float32", "bfloat16"] = typer.Option(
         "auto", help="auto (bfloat16 where the hardware has it natively, else float32), float32 or bfloat16"),
-    max_batch: int = typer.Option(16, help=f"most requests decoded together (those that arrive together, with the same sampling; {COUNT})"),
+    max_batch: int = typer.Option(16, help=f"most requests decoded together (a request joins the batch that is decoding while it has room; {COUNT})"),
 ) -> None:
     """Serve a policy model over an OpenAI-compatible API (/v1/models, /v1/chat/completions): requests
     that arrive together are batched. One process, one model: for throughput at scale serve the

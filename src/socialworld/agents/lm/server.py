@@ -7,10 +7,15 @@ Routes: ``GET /v1/models``, ``GET /v1/models/{id}`` and ``POST /v1/chat/completi
   text messages, ``max_tokens`` not a positive integer, a field this server does not honour), 404
   for an unknown model or route, 500 for an internal error; errors have the OpenAI shape
   ``{"error": {"message", "type", "code"}}``.
-* ``structured_outputs: {"regex": ...}`` (vLLM's field, what socialworld's ``openai:`` policies send
-  for constrained decoding) decodes greedily under that grammar with this project's constrained
-  decoder, when the pattern is in the language of :func:`~socialworld.agents.lm.constrained.program_regex`
-  (a 400 says so otherwise, and for a sampled request).
+* Structured outputs as vLLM takes them: ``structured_outputs`` with exactly one of ``regex`` (the
+  whole reply matches it), ``json`` (a JSON schema), ``choice`` (a list of strings), ``grammar`` (Lark)
+  or ``json_object``; or OpenAI's ``response_format`` ``json_object`` / ``json_schema``. Greedy or
+  sampled, each reply follows its grammar, through llguidance
+  (:func:`~socialworld.agents.lm.batching.grammar`); a grammar that does not compile is a 400 with
+  llguidance's message. A greedy regex in the language of
+  :func:`~socialworld.agents.lm.constrained.program_regex` (what socialworld's ``openai:`` policies
+  send) decodes with the project's own constrained decoder instead, which feeds the forced text
+  without a forward pass per token (faster; ``benchmarks/serve_batching.py --grammar``).
 * It honours ``temperature`` (the OpenAI default 1; 0, and anything below ``GREEDY_BELOW``, is greedy), ``top_p``, ``stop`` (up to four
   strings, cut from the reply), ``max_tokens`` / ``max_completion_tokens`` and ``seed`` (a seeded
   request samples alone, so the same seed gives the same reply); content is a string or a list
@@ -19,13 +24,14 @@ Routes: ``GET /v1/models``, ``GET /v1/models/{id}`` and ``POST /v1/chat/completi
   ``top_logprobs`` up to 20) gives each reply token's log-probability under the model's own
   distribution (before temperature and top-p, as vLLM's default); ``stream`` sends the reply as it
   is decoded (held back where a ``stop`` string could still begin), ``stream_options.include_usage``
-  a last chunk with the usage. ``logprobs`` is not served with ``stream`` or ``structured_outputs``
-  (a 400 says so).
+  a last chunk with the usage. ``logprobs`` is not served with ``stream`` (a 400 says so).
 * Each request is one log line on the ``socialworld.serve`` logger (id, status, tokens, batch size,
   seconds); ``socialworld serve`` prints them to stderr.
-* Requests that arrive together are decoded in one batch (:class:`Batcher`: those with the same
-  sampling settings, up to ``max_batch``); a client that goes away cancels its request, whether
-  it waits in the queue or is being decoded.
+* Continuous batching (:class:`Batcher`, :class:`~socialworld.agents.lm.batching.ContinuousDecoder`):
+  requests that arrive together start a batch, and a request that arrives while it decodes joins
+  it at the next step (up to ``max_batch`` rows), so the later turns of concurrent multi-turn clients
+  decode together too; a client that goes away cancels its request, whether it waits in the queue
+  or is being decoded.
 
 It serves one local model (with a trained run's adapters when its spec names them) on one
 process; for throughput at scale, serve the model with vLLM (see ``docs/serving.md``).
@@ -41,9 +47,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Iterator, Literal, Protocol, Sequence
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-Finish = Literal["stop", "length"]
+from socialworld.agents.lm.batching import GREEDY_BELOW, Generated, GrammarKind, Job, Sampling, TokenLogprob, cut_at_stop, grammar  # noqa: F401
+
 log = logging.getLogger("socialworld.serve")
 
 
@@ -78,9 +85,28 @@ class ChatMessage(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
+class JsonSchema(BaseModel):
+    """``response_format.json_schema`` as OpenAI's API takes it."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: Text
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+    description: Text | None = None
+
+
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: Literal["text"]
+    """OpenAI's ``response_format``: plain text, any JSON object, or JSON following a schema."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given with type json_schema, and only then")
+        return self
 
 
 class StreamOptions(BaseModel):
@@ -89,11 +115,27 @@ class StreamOptions(BaseModel):
 
 
 class StructuredOutputs(BaseModel):
-    """vLLM's ``structured_outputs`` field as socialworld's ``openai:`` policies send it: the reply
-    grammar as a regular expression (:func:`~socialworld.agents.lm.constrained.program_regex`)."""
+    """vLLM's ``structured_outputs``: exactly one of a regular expression the whole reply matches, a
+    JSON schema, a list of choices, a Lark grammar (llguidance's dialect) or ``json_object: true``."""
 
-    model_config = ConfigDict(extra="forbid")
-    regex: Text
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    regex: Text | None = None
+    json_: dict[str, Any] | Text | None = Field(None, alias="json")
+    choice: list[Text] | None = None
+    grammar: Text | None = None
+    json_object: Literal[True] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "StructuredOutputs":
+        if len(self.model_fields_set) != 1:
+            raise ValueError("exactly one of regex, json, choice, grammar, json_object")
+        return self
+
+    def spec(self) -> tuple[GrammarKind, Any]:
+        """(kind, its value), as :func:`~socialworld.agents.lm.batching.grammar` takes them."""
+        name = next(iter(self.model_fields_set))
+        kind: GrammarKind = "json" if name == "json_" else name  # type: ignore[assignment]
+        return kind, getattr(self, name)
 
 
 class ChatRequest(BaseModel):
@@ -119,6 +161,16 @@ class ChatRequest(BaseModel):
     user: Text | None = None
     structured_outputs: StructuredOutputs | None = None
 
+    def structure(self) -> tuple[GrammarKind, Any] | None:
+        """The grammar the reply must follow, as (kind, value): ``structured_outputs``, or a JSON
+        ``response_format``; ``ValueError`` when both are given."""
+        fmt = self.response_format
+        from_format: tuple[GrammarKind, Any] | None = None if fmt is None or fmt.type == "text" else ("json_object", True) if fmt.type == "json_object" else \
+            ("json", fmt.json_schema.schema_ if fmt.json_schema is not None else None)
+        if from_format is not None and self.structured_outputs is not None:
+            raise ValueError("structured_outputs and a JSON response_format: give one")
+        return self.structured_outputs.spec() if self.structured_outputs is not None else from_format
+
     def stops(self) -> tuple[str, ...]:
         stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if len(stops) > 4 or not all(stops):
@@ -129,95 +181,44 @@ class ChatRequest(BaseModel):
 # ------------------------------------------------------------------ decoding in batches
 
 
-GREEDY_BELOW = 1e-6
-"""temperatures below it decode greedily: sampling is then the argmax anyway, and below about 1e-37 the
-scaled logits overflow float32 (``temperature: 1e-40`` was a 500 from the sampler)"""
-
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float
-    top_p: float
-    seed: int | None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW
-
-
-@dataclass
-class Job:
-    """One request waiting for (or being given) its reply."""
-
-    prompt: str
-    max_tokens: int
-    stops: tuple[str, ...]
-    sampling: Sampling
-    program: tuple | None = None
-    """the reply grammar (constrained greedy decoding), from ``structured_outputs``"""
-    logprobs: int | None = None
-    """``None``: no log-probabilities; ``k``: each reply token's, with the ``k`` likeliest beside it"""
-    emit: Callable[[str], None] | None = None
-    """called (from the decoding thread) with the reply so far after each decoded token: streaming"""
-    request: int = 0
-    """the request this job is one of ``n`` samples of (a seeded request's samples decode together)"""
-    batch: int = 0
-    """the size of the batch it was decoded in"""
-    cancelled: bool = False
-    future: asyncio.Future | None = None
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token: str
-    logprob: float
-    top: tuple[tuple[str, float], ...] = ()
-
-    def openai(self) -> dict:
-        entry = lambda t, lp: {"token": t, "logprob": lp, "bytes": list(t.encode())}  # noqa: E731
-        return {**entry(self.token, self.logprob), "top_logprobs": [entry(t, lp) for t, lp in self.top]}
-
-
-@dataclass(frozen=True)
-class Generated:
-    text: str
-    tokens_in: int
-    tokens_out: int
-    finish_reason: Finish
-    logprobs: tuple[TokenLogprob, ...] | None = None
-    """the reply's tokens (those inside ``text``) with their log-probabilities, when asked"""
-
-
 class Generate(Protocol):
-    """Decode ``jobs`` (all with the same sampling) in one batch; stop early once ``should_stop()``."""
+    """What the server decodes with: ``prompt`` (the chat template), ``count`` (tokens in a text) and
+    a call that decodes ``jobs`` and those ``admit()`` hands over between its steps, calling each
+    job's ``deliver`` with its reply as it ends (a job whose ``cancelled`` is set may be dropped
+    without one), and returns when none is left. ``matcher(grammar_text)``, where a decoder has it,
+    compiles a grammar (:func:`~socialworld.agents.lm.batching.grammar`) for ``Job.grammar``."""
 
-    def __call__(self, jobs: Sequence[Job], should_stop: Callable[[], bool]) -> list[Generated]: ...
+    def prompt(self, messages: list[dict[str, str]]) -> str: ...
 
+    def count(self, text: str) -> int: ...
 
-def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """``text`` up to the first of ``stops`` (which is left out), and whether one was found."""
-    at = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-    return (text[:at], True) if at >= 0 else (text, False)
+    def __call__(self, jobs: Sequence[Job], admit: Callable[[], list[Job]]) -> None: ...
 
 
 class HFGenerate:
-    """:class:`Generate` for a transformers causal LM (left-padded batches, the model's own sampling)."""
+    """:class:`Generate` for a transformers causal LM: continuous batching
+    (:class:`~socialworld.agents.lm.batching.ContinuousDecoder`), and the project's reply grammar
+    through its own constrained decoder (:mod:`~socialworld.agents.lm.constrained`)."""
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         import threading
 
-        self.model, self.tokenizer = model, tokenizer
-        self._stream: Any = None
-        """the server's own sampling stream (CPU RNG state) for unseeded requests: drawn from the OS's
-        entropy at the first one and carried from request to request, so unseeded samples differ while
-        torch's global generator is left as it was (a seeded request samples from its seed alone)"""
+        import torch
+
+        from socialworld.agents.lm.batching import ContinuousDecoder
         from socialworld.agents.lm.constrained import MergedAdapters
 
+        self.model, self.tokenizer = model, tokenizer
         self._merged = MergedAdapters()
         """a served PEFT model's adapters merged for constrained decoding, kept between requests"""
         self._tok_lock = threading.Lock()
         """a fast tokenizer is not safe across threads ("Already borrowed"): the event loop counts
         prompts while the worker thread encodes and decodes a batch"""
+        stream = torch.Generator()
+        stream.seed()
+        self.decoder = ContinuousDecoder(model, tokenizer, self._tok_lock, stream)
+        """unseeded requests sample from the server's own stream (seeded from the OS's entropy), so
+        they differ while torch's global generator is left as it was; a seeded request from its seed"""
 
     def prompt(self, messages: list[dict[str, str]]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -226,168 +227,123 @@ class HFGenerate:
         with self._tok_lock:
             return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def __call__(self, jobs: Sequence[Job], should_stop: Callable[[], bool]) -> list[Generated]:
-        import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList
+    def matcher(self, grammar_text: str) -> Any:
+        return self.decoder.matcher(grammar_text)
 
-        tok, s = self.tokenizer, jobs[0].sampling
-        if jobs[0].program is not None:
-            return self._constrained(jobs)
-        with self._tok_lock:
-            enc = tok([j.prompt for j in jobs], return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
-        width = enc["input_ids"].shape[1]
-        text_of = self._text
-
-        class Step(StoppingCriteria):
-            """After each token: the streamed jobs get their reply so far; all stop once ``should_stop()``."""
-
-            def __call__(self, input_ids, scores, **kwargs):  # type: ignore[no-untyped-def]
-                for i, job in enumerate(jobs):
-                    if job.emit is not None:
-                        job.emit(text_of(input_ids[i, width:].tolist())[0])
-                return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool, device=input_ids.device)
-
-        scored = any(j.logprobs is not None for j in jobs)
-        sample = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p} if not s.greedy else \
-            {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-        with torch.inference_mode(), torch.random.fork_rng(devices=[]):
-            if s.seed is not None:
-                torch.manual_seed(s.seed)
-            elif self._stream is None:
-                torch.seed()
-            else:
-                torch.set_rng_state(self._stream)
-            out = self.model.generate(**enc, max_new_tokens=max(j.max_tokens for j in jobs), pad_token_id=tok.pad_token_id,
-                                      eos_token_id=tok.eos_token_id, stopping_criteria=StoppingCriteriaList([Step()]),
-                                      **sample, **({"output_logits": True, "return_dict_in_generate": True} if scored else {}))
-            if s.seed is None:
-                self._stream = torch.get_rng_state()
-        seqs = out.sequences if scored else out
-        results = []
-        for i, job in enumerate(jobs):
-            whole, ids, ended = self._text(seqs[i, width:].tolist()[: job.max_tokens])
-            text, stopped = cut_at_stop(whole, job.stops)
-            n_out = self.count(text) if stopped else len(ids)
-            logprobs = None
-            if job.logprobs is not None:
-                kept = self._inside(ids, text) if stopped else len(ids)
-                logprobs = self._logprobs(torch.stack([step[i] for step in out.logits[:kept]]) if kept else None,
-                                          ids[:kept], job.logprobs)
-            results.append(Generated(text, int(enc["attention_mask"][i].sum()), n_out,
-                                     "stop" if ended or stopped else "length", logprobs))
-        return results
-
-    def _text(self, ids: list[int]) -> tuple[str, list[int], bool]:
-        """A reply's text (decoded without special tokens), its ids up to the end token, and whether it ended."""
-        eos = self.tokenizer.eos_token_id
-        ended = eos in ids
-        ids = ids[: ids.index(eos)] if ended else ids
-        with self._tok_lock:
-            return self.tokenizer.decode(ids, skip_special_tokens=True), ids, ended
-
-    def _inside(self, ids: list[int], text: str) -> int:
-        """How many of ``ids`` decode to text that lies inside ``text`` (a reply cut at a stop string)."""
-        k = 0
-        with self._tok_lock:
-            while k < len(ids) and len(self.tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) <= len(text):
-                k += 1
-        return k
-
-    def _logprobs(self, logits: Any, ids: list[int], top: int) -> tuple[TokenLogprob, ...]:
-        """Each token's log-probability under the model's raw logits (one row per token), with the
-        ``top`` likeliest tokens beside it."""
-        import torch
-
-        if logits is None:
-            return ()
-        lp = torch.log_softmax(logits.float(), dim=-1)
-        chosen = lp.gather(1, torch.tensor(ids, device=lp.device)[:, None])[:, 0].tolist()
-        best = lp.topk(top, dim=-1) if top else None
-        with self._tok_lock:
-            piece = lambda t: self.tokenizer.decode([t])  # noqa: E731
-            return tuple(TokenLogprob(piece(t), c, tuple((piece(int(b)), float(v)) for b, v in zip(best.indices[k], best.values[k]))
-                                      if best is not None else ()) for k, (t, c) in enumerate(zip(ids, chosen)))
-
-
-    def _constrained(self, jobs: Sequence[Job]) -> list[Generated]:
-        """Greedy decoding under each job's grammar (:mod:`socialworld.agents.lm.constrained`): a
-        reply the grammar allows, by construction."""
+    def __call__(self, jobs: Sequence[Job], admit: Callable[[], list[Job]]) -> None:
+        if jobs[0].program is None:
+            return self.decoder.run(jobs, admit)
         from socialworld.agents.lm.constrained import decode
 
         with self._tok_lock:
             rows = decode(self.model, self.tokenizer, [j.prompt for j in jobs], [list(j.program or ()) for j in jobs],
                           batch_size=len(jobs), merged=self._merged)
-        out = []
         for job, r in zip(jobs, rows):
-            text, _ = cut_at_stop(r.text, job.stops)
-            out.append(Generated(text, r.tokens_in, r.tokens_out, "stop"))
-        return out
+            if job.deliver is not None:
+                job.deliver(Generated(cut_at_stop(r.text, job.stops)[0], r.tokens_in, r.tokens_out, "stop"))
 
 
 @dataclass
 class BatchStats:
     requests: int = 0
     batches: int = 0
+    """decoding runs started (each goes on while jobs join it)"""
+    joined: int = 0
+    """jobs that joined a batch while it decoded"""
     largest_batch: int = 0
     cancelled: int = 0
     """requests whose client went away before their reply"""
 
 
+def _settle(future: asyncio.Future, result: Any) -> None:
+    if not future.done():
+        future.set_exception(result) if isinstance(result, BaseException) else future.set_result(result)
+
+
 @dataclass
 class Batcher:
-    """Collects the requests that arrive within ``wait_s`` of each other and decodes those with the
-    same sampling settings together, up to ``max_batch`` at a time (greedy requests always batch;
-    a seeded request's ``n`` samples decode alone, so they depend on its seed only). One batch at a time runs,
-    in a worker thread; cancelled jobs are dropped before their batch, and a batch whose clients
-    have all gone stops decoding."""
+    """Hands waiting jobs to the decoder: the jobs that arrive within ``wait_s`` of each other start
+    a batch, and while it decodes, the decoder takes in (``admit``) the jobs of its lane that arrive,
+    up to ``max_batch`` at a time (continuous batching; :attr:`Job.lane`: the project's grammar and a
+    seeded request's samples decode on their own). One batch runs at a time, in a worker thread;
+    cancelled jobs are dropped before they start, and the decoder drops those it holds."""
 
     generate: Generate
     max_batch: int = 16
     wait_s: float = 0.01
     stats: BatchStats = field(default_factory=BatchStats)
-    _queue: asyncio.Queue | None = None
+    _waiting: list[Job] = field(default_factory=list)
+    _live: list[Job] = field(default_factory=list)
+    """the running batch's jobs"""
+    _lock: Any = field(default_factory=lambda: __import__("threading").Lock())
+    _wake: asyncio.Event | None = None
 
     async def submit(self, job: Job) -> asyncio.Future:
-        if self._queue is None:
+        if self._wake is None:
             raise RuntimeError("the batcher is not running")
-        job.future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = job.future = loop.create_future()
+
+        def deliver(result: Generated) -> None:
+            job.finished = True
+            loop.call_soon_threadsafe(_settle, future, result)
+
+        job.deliver = deliver
         self.stats.requests += 1
-        await self._queue.put(job)
-        return job.future
+        with self._lock:
+            self._waiting.append(job)
+        self._wake.set()
+        return future
 
     async def run(self) -> None:
-        self._queue = asyncio.Queue()
+        self._wake = asyncio.Event()
         while True:
-            jobs = [await self._queue.get()]
+            await self._wake.wait()
+            self._wake.clear()
             await asyncio.sleep(self.wait_s)
-            while not self._queue.empty():
-                jobs.append(self._queue.get_nowait())
-            for group in self._groups([j for j in jobs if not j.cancelled]):
-                await self._decode(group)
+            while batch := self._take(None):
+                await self._decode(batch)
 
-    def _groups(self, jobs: list[Job]) -> list[list[Job]]:
-        groups: dict[Any, list[Job]] = {}
-        for j in jobs:
-            key = ("constrained",) if j.program is not None else ("greedy",) if j.sampling.greedy else \
-                ("seeded", j.request) if j.sampling.seed is not None else (j.sampling.temperature, j.sampling.top_p)
-            groups.setdefault(key, []).append(j)
-        return [g[i : i + self.max_batch] for g in groups.values() for i in range(0, len(g), self.max_batch)]
+    def _take(self, lane: tuple | None) -> list[Job]:
+        """Waiting jobs of ``lane`` (that of the oldest waiting job when ``None``), as many as the
+        running batch has room for; they join it."""
+        with self._lock:
+            self._waiting = [j for j in self._waiting if not j.cancelled]
+            self._live = [j for j in self._live if not (j.finished or j.cancelled)]
+            if not self._waiting:
+                return []
+            lane = lane or self._waiting[0].lane
+            room = self.max_batch - len(self._live)
+            taken = [j for j in self._waiting if j.lane == lane][: max(room, 0)]
+            chosen = {id(j) for j in taken}
+            self._waiting = [j for j in self._waiting if id(j) not in chosen]
+            self._live += taken
+            for j in self._live:
+                j.batch = max(j.batch, len(self._live))
+            self.stats.largest_batch = max(self.stats.largest_batch, len(self._live))
+            return taken
 
-    async def _decode(self, group: list[Job]) -> None:
+    async def _decode(self, batch: list[Job]) -> None:
         self.stats.batches += 1
-        self.stats.largest_batch = max(self.stats.largest_batch, len(group))
-        for j in group:
-            j.batch = len(group)
+        lane = batch[0].lane
+
+        def admit() -> list[Job]:
+            if lane != ("shared",):
+                return []
+            joined = self._take(lane)
+            self.stats.joined += len(joined)
+            return joined
+
+        error: BaseException | None = None
         try:
-            results = await asyncio.to_thread(self.generate, group, lambda: all(j.cancelled for j in group))
+            await asyncio.to_thread(self.generate, batch, admit)
         except Exception as err:  # noqa: BLE001 - each waiting request gets it as its 500
-            for j in group:
-                if j.future is not None and not j.future.done():
-                    j.future.set_exception(err)
-            return
-        for j, r in zip(group, results):
-            if j.future is not None and not j.future.done():
-                j.future.set_result(r)
+            error = err
+        with self._lock:
+            left, self._live = [j for j in self._live if not j.finished and not j.cancelled], []
+        for j in left:
+            if j.future is not None:
+                _settle(j.future, error or RuntimeError("the decoder returned without this job's reply"))
 
 
 # ------------------------------------------------------------------ the app
@@ -482,14 +438,12 @@ def make_app(generate: HFGenerate | Any, model_id: str, max_new_tokens: int = 64
         if req.model != model_id:
             return _error(404, f"the model {req.model!r} does not exist; this server has {model_id!r}", what="model_not_found")
         try:
-            stops = req.stops()
+            stops, structure = req.stops(), req.structure()
         except ValueError as err:
             return _error(400, f"bad request: {err}")
         for bad, why in ((req.n > max_batch, f"n: at most {max_batch} on this server (its --max-batch)"),
                          (req.top_logprobs is not None and not req.logprobs, "top_logprobs: needs logprobs: true"),
                          (req.logprobs and req.stream, "logprobs: not served with stream on this server"),
-                         (req.logprobs and req.structured_outputs is not None,
-                          "logprobs: not served with structured_outputs on this server"),
                          (req.stream_options is not None and not req.stream, "stream_options: needs stream: true")):
             if bad:
                 return _error(400, f"bad request: {why}")
@@ -498,19 +452,28 @@ def make_app(generate: HFGenerate | Any, model_id: str, max_new_tokens: int = 64
         limit = req.max_completion_tokens or req.max_tokens or max_new_tokens
         if max_context is not None and (n := generate.count(prompt)) + limit > max_context:
             return _error(400, f"bad request: {n} prompt tokens plus max_tokens {limit} exceed the model's {max_context}")
-        program = None
-        if req.structured_outputs is not None:
-            from socialworld.agents.lm.constrained import program_from_regex
+        program, matchers = None, [None] * req.n
+        if structure is not None:
+            kind, spec = structure
+            field_name = "response_format" if req.structured_outputs is None else f"structured_outputs.{kind}"
+            if kind == "regex" and req.temperature < GREEDY_BELOW and not req.logprobs:
+                from socialworld.agents.lm.constrained import program_from_regex
 
-            if req.temperature >= GREEDY_BELOW:
-                return _error(400, "bad request: structured_outputs decodes greedily on this server: send temperature 0")
-            try:
-                program = tuple(program_from_regex(req.structured_outputs.regex, limit))
-            except ValueError as err:
-                return _error(400, f"bad request: structured_outputs.regex: {err}")
+                try:  # the project's reply grammar: its own constrained decoder (greedy)
+                    program = tuple(program_from_regex(spec, limit))
+                except ValueError:
+                    program = None
+            if program is None:
+                if not hasattr(generate, "matcher"):
+                    return _error(400, f"bad request: {field_name}: this server's decoder takes no grammar")
+                try:
+                    first = await asyncio.to_thread(generate.matcher, grammar(kind, spec))
+                except ValueError as err:
+                    return _error(400, f"bad request: {field_name}: {err}")
+                matchers = [first] + [first.deep_copy() for _ in range(req.n - 1)]
         rid, number = f"chatcmpl-{time.time_ns()}", next(requests)
-        jobs = [Job(prompt, limit, stops, Sampling(req.temperature, req.top_p, req.seed), program,
-                    logprobs=(req.top_logprobs or 0) if req.logprobs else None, request=number) for _ in range(req.n)]
+        jobs = [Job(prompt, limit, stops, Sampling(req.temperature, req.top_p, req.seed), program, grammar=m,
+                    logprobs=(req.top_logprobs or 0) if req.logprobs else None, request=number) for m in matchers]
         request.state.logged = True
         head = {"id": rid, "created": int(time.time()), "model": model_id, "system_fingerprint": None}
 
@@ -668,9 +631,10 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_new_tokens:
     policy, whose action adapter answers) and serve it as model id ``model`` until interrupted."""
     try:
         import fastapi  # noqa: F401
+        import llguidance  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise ValueError("serve needs FastAPI and uvicorn: pip install 'socialworld[serve]'") from None
+        raise ValueError("serve needs FastAPI, uvicorn and llguidance: pip install 'socialworld[serve]'") from None
     from socialworld.agents.models import parse_model_spec
     from socialworld.agents.registry import make_backend
 
