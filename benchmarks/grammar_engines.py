@@ -7,7 +7,7 @@ Run: ``python benchmarks/grammar_engines.py`` (the bundled model's tokenizer and
    ``(yes|no)``, a JSON schema, and the project's reply grammar on the L2 scenario's first
    observation as ``program_regex`` writes it), the time to compile it against the tokenizer and the
    mean time to compute one next-token mask and take the token, over one fixed path through the
-   grammar (drawn once with llguidance, replayed on each engine).
+   grammar (a reply it allows, tokenized as the tokenizer writes it), from a fresh matcher 20 times.
 2. **The reply grammar, decoded** (greedy, the eight scenarios' first observations in one batch):
    the project's constrained decoder (what serve uses for it) against serve's continuous decoder
    under llguidance's mask; the replies they agree on and each one's wall time.
@@ -25,39 +25,21 @@ SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "n
           "required": ["answer", "n", "why"], "additionalProperties": False}
 
 
-def _grammars() -> dict[str, tuple[str, Any]]:
-    from socialworld.agents.lm.constrained import program_regex
+def _grammars() -> dict[str, tuple[str, Any, str]]:
+    """name -> (kind, spec, a reply it allows)."""
+    from socialworld.agents.lm.constrained import Choice, Forced, program_regex
     from socialworld.agents.lm.policy import program
     from socialworld.world.engine import World
     from socialworld.world.spec import load_builtin_scenarios
     from socialworld.world.visibility import observe
 
     l2 = next(s for s in load_builtin_scenarios().values() if s.tier == "L2")
-    return {"(yes|no)": ("regex", "(yes|no)"), "JSON schema": ("json", SCHEMA),
-            f"reply grammar ({l2.id})": ("regex", program_regex(program(observe(l2, World(l2, seed=0).pub), 24)))}
-
-
-def _path(tok: Any, vocab: int, kind: str, spec: Any, seed: int = 0, most: int = 64) -> list[int]:
-    """A token path through the grammar: a uniformly drawn allowed token at each step, to its end."""
-    import numpy as np
-    import torch
-    from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
-
-    from socialworld.agents.lm.batching import grammar
-
-    m = _llg_matcher(tok, vocab, grammar(kind, spec))  # type: ignore[arg-type]
-    rng, out = np.random.default_rng(seed), list[int]()
-    bits = allocate_token_bitmask(1, vocab)
-    while len(out) < most and not m.is_stopped():
-        fill_next_token_bitmask(m, bits, 0)
-        flags = ((bits[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten()[:vocab]
-        allowed = [t for t in flags.nonzero().flatten().tolist() if t != tok.eos_token_id]
-        if not allowed:
-            break
-        t = int(rng.choice(allowed))
-        m.consume_token(t)
-        out.append(t)
-    return out
+    prog = program(observe(l2, World(l2, seed=0).pub), 24)
+    reply = "".join(seg.text if isinstance(seg, Forced) else seg.options[-1] if isinstance(seg, Choice) else "Let us meet at noon."
+                    for seg in prog)
+    return {"(yes|no)": ("regex", "(yes|no)", "yes"),
+            "JSON schema": ("json", SCHEMA, json.dumps({"answer": "no", "n": 3, "why": "it rains"}, separators=(",", ":"))),
+            f"reply grammar ({l2.id})": ("regex", program_regex(prog), reply)}
 
 
 _LL: dict[int, Any] = {}
@@ -118,16 +100,19 @@ def _outlines(tok: Any, vocab: int) -> Callable[[str, Any], tuple[Any, Callable[
     return compile_
 
 
+REPEAT = 20
+
+
 def engines(tok: Any, vocab: int) -> None:
     grammars = _grammars()
-    paths = {name: _path(tok, vocab, kind, spec) for name, (kind, spec) in grammars.items()}
+    paths = {name: tok(text, add_special_tokens=False)["input_ids"] for name, (_, _, text) in grammars.items()}
     for engine, make in (("llguidance", _llguidance), ("xgrammar", _xgrammar), ("outlines-core", _outlines)):
         try:
             compile_ = make(tok, vocab)
         except ImportError as err:
             print(f"{engine:>13}: not installed ({err.name})")
             continue
-        for name, (kind, spec) in grammars.items():
+        for name, (kind, spec, _) in grammars.items():
             t0 = time.perf_counter()
             try:
                 m, fill, take = compile_(kind, spec)
@@ -135,13 +120,18 @@ def engines(tok: Any, vocab: int) -> None:
                 print(f"{engine:>13} {name}: does not compile it ({type(err).__name__}: {str(err)[:80]})")
                 continue
             compiled = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            for t in paths[name]:
-                fill(m)
-                take(m, t)
-            per = (time.perf_counter() - t0) / max(len(paths[name]), 1)
+            took = 0.0
+            for k in range(REPEAT):  # the reply's path, from a fresh matcher each time
+                if k:
+                    m, fill, take = compile_(kind, spec)
+                t0 = time.perf_counter()
+                for t in paths[name]:
+                    fill(m)
+                    take(m, t)
+                took += time.perf_counter() - t0
+            per = took / (REPEAT * len(paths[name]))
             print(f"{engine:>13} {name}: compile {1000 * compiled:.1f} ms, mask + take {1000 * per:.3f} ms/token "
-                  f"({len(paths[name])} tokens)")
+                  f"({len(paths[name])} tokens x {REPEAT})")
 
 
 def reply_grammar(model: Any, tok: Any) -> None:

@@ -10,6 +10,8 @@ server, with the rule graders: pass (1/0) and the completion rate CR, each in [0
 
 Each task is one episode (``reset(split=, index=)``); the model gets the observation's chat
 (``observation.messages``) and its reply is the step, greedy (temperature 0) unless ``--temperature``.
+``--constrained`` also sends the state's reply grammar (``observation.reply_regex``) as vLLM's
+``structured_outputs`` (``socialworld serve`` and vLLM take it), so every reply parses.
 A request that fails (refused, timed out, no choices) ends that episode as an endpoint failure: counted
 apart, never scored as a bad reply. A reply that does not parse is the world's own penalised ``wait()``,
 counted as unparseable. ``--json PATH`` writes the scores.
@@ -52,15 +54,17 @@ class ModelReplies:
     """Replies from an OpenAI-compatible endpoint (the ``openai`` client): the observation's chat in, the
     first choice's text out."""
 
-    def __init__(self, base_url: str, model: str, api_key: str, temperature: float, max_tokens: int, timeout_s: float):
+    def __init__(self, base_url: str, model: str, api_key: str, temperature: float, max_tokens: int, timeout_s: float,
+                 constrained: bool = False):
         from openai import OpenAI
 
         self.client = OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0)
-        self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
+        self.model, self.temperature, self.max_tokens, self.constrained = model, temperature, max_tokens, constrained
 
-    def __call__(self, messages: list[dict[str, str]]) -> str:
+    def __call__(self, messages: list[dict[str, str]], reply_regex: str = "") -> str:
+        grammar = {"structured_outputs": {"regex": reply_regex}} if self.constrained and reply_regex else {}
         out = self.client.chat.completions.create(model=self.model, messages=messages,  # type: ignore[arg-type]
-                                                  temperature=self.temperature, max_tokens=self.max_tokens)
+                                                  temperature=self.temperature, max_tokens=self.max_tokens, extra_body=grammar)
         if not out.choices or out.choices[0].message.content is None:
             raise RuntimeError("the endpoint answered without a reply")
         return out.choices[0].message.content
@@ -89,7 +93,7 @@ def score(env_url: str, policy: str, per_split: int | None, replies: ModelReplie
                     if policy == "model":
                         assert replies is not None
                         try:
-                            reply = replies(step.observation.messages)
+                            reply = replies(step.observation.messages, step.observation.reply_regex)
                         except Exception as e:  # noqa: BLE001 (any failure of the request is the endpoint's, counted apart)
                             print(f"{split}-{index}: the endpoint failed ({type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
                             failed = True
@@ -117,6 +121,8 @@ def main() -> None:
     ap.add_argument("--per-split", type=int, default=None, help="tasks per split (default: all: 20, 30, 30)")
     ap.add_argument("--temperature", type=float, default=0.0, help="the model's sampling temperature (0: greedy)")
     ap.add_argument("--max-tokens", type=int, default=64, help="the longest reply")
+    ap.add_argument("--constrained", action="store_true",
+                    help="send each state's reply grammar as structured_outputs.regex (socialworld serve, vLLM)")
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds a request to the model may take")
     ap.add_argument("--json", default=None, help="also write the scores here")
     args = ap.parse_args()
@@ -128,11 +134,12 @@ def main() -> None:
         if not base_url or not model:
             ap.error("--policy model needs API_BASE_URL (e.g. http://localhost:8001/v1) and MODEL_NAME in the environment")
         replies = ModelReplies(base_url, model, os.environ.get("API_KEY", os.environ.get("OPENAI_API_KEY", "none")),
-                               args.temperature, args.max_tokens, args.timeout)
+                               args.temperature, args.max_tokens, args.timeout, args.constrained)
     t0 = time.perf_counter()
     results = score(args.env_url, args.policy, args.per_split, replies)
     wall = time.perf_counter() - t0
     name = os.environ.get("MODEL_NAME", "model") if args.policy == "model" else args.policy
+    name += " (constrained)" if args.constrained and args.policy == "model" else ""
     print(f"{name} on {args.env_url} ({wall:.0f} s)")
     print(f"{'task':<5} {'episodes':>8} {'pass':>6} {'CR':>6} {'unparseable':>12} {'endpoint failures':>18}")
     for r in results:

@@ -227,7 +227,8 @@ def test_the_later_turns_of_concurrent_clients_join_the_running_batch(url, tiny_
     def conversation(i, c, out):
         messages = [{"role": "user", "content": f"Turn 1/7. Here: {'alice' if i % 2 else 'ben'} {i}"}]
         for turn in range(3):
-            r = c.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=6 + 3 * i + turn)
+            # the first client's long replies keep a batch decoding while the others' next turns arrive
+            r = c.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=80 if i == 0 else 6 + 2 * i + turn)
             out.append(r.choices[0].message.content)
             messages += [{"role": "assistant", "content": out[-1]}, {"role": "user", "content": f"Turn {turn + 2}/7."}]
 

@@ -123,6 +123,24 @@ def test_a_dead_model_endpoint_is_counted_apart_and_never_graded(scripted_url):
     assert [(r.episodes, r.endpoint_failures, r.grades["pass"]) for r in got] == [(0, 1, [])] * 3
 
 
+def test_a_constrained_model_replies_in_the_grammar_every_step(scripted_url, tiny_dir):
+    """``--constrained`` sends each state's ``reply_regex`` to the model's server: the tiny random model,
+    whose free replies never parse, behind ``socialworld serve`` parses at every step."""
+    pytest.importorskip("llguidance")
+    from socialworld.agents.lm.server import HFGenerate, make_app
+    from socialworld.agents.models import load_hf
+    from socialworld.testing import serving
+
+    baseline = _module(FOLDER / "baseline.py", "socialworld_env_baseline")
+    gen = HFGenerate(*load_hf(tiny_dir, dtype="float32"))
+    with serving(make_app(gen, "tiny", max_new_tokens=16)) as url:
+        free = baseline.score(scripted_url, "model", per_split=1, replies=baseline.ModelReplies(url, "tiny", "none", 0.0, 16, 60))
+        constrained = baseline.score(scripted_url, "model", per_split=1,
+                                     replies=baseline.ModelReplies(url, "tiny", "none", 0.0, 16, 60, constrained=True))
+    assert all(r.steps and r.unparseable == r.steps for r in free)
+    assert all(r.episodes == 1 and r.steps and r.unparseable == 0 for r in constrained)
+
+
 def test_the_folders_app_is_the_environment():
     app = _module(FOLDER / "server" / "app.py", "socialworld_env_app_plain").app
     assert type(app) is type(make_app())

@@ -1,6 +1,8 @@
 """One episode as text in, text out: the runner's record and outcome, the episode as one growing chat,
 the expert as reply text."""
 
+import re
+
 import pytest
 
 from socialworld.agents.lm.policy import merge
@@ -14,13 +16,16 @@ from socialworld.world.visibility import observe
 @pytest.mark.parametrize("sid, seed", [("book_club-v1", 11), ("hackathon-v1", 2), ("weather_picnic-v1", 5)])
 def test_the_experts_reply_text_plays_the_experts_episode(specs, sid, seed):
     """Playing :meth:`TextEpisode.expert_reply` at every state gives the runner's expert episode: the
-    same moves, rewards and outcome; the episode's record scores as the runner's does."""
+    same moves, rewards and outcome; the episode's record scores as the runner's does. Each reply
+    matches the state's ``reply_regex`` (the grammar a server can constrain a model to)."""
     ref = run_episodes(ExpertPolicy(), [EpisodeJob(specs[sid], seed)])[0]
     ep = TextEpisode(specs[sid], seed)
     rewards, done, info = [], False, {}
     while not done:
         reply = ep.expert_reply()
         assert reply.startswith("BELIEF:") and "\nACTION: " in reply and "\nSAY:" in reply
+        grammar = ep.observe()[1]["reply_regex"]
+        assert re.fullmatch(grammar, reply) and not re.fullmatch(grammar, reply.replace("ACTION: ", "ACTION: dance "))
         r, done, info = ep.step(reply)
         assert info["parse_status"] == "ok"
         rewards.append(r)

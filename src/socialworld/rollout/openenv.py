@@ -126,6 +126,8 @@ class SocialObservation(Observation):
     messages: list[dict[str, str]] = Field(default_factory=list, description="the chat for this state: system and user")
     legal_actions: list[str] = Field(default_factory=list, description="the legal actions' canonical strings")
     observation: dict[str, Any] = Field(default_factory=dict, description="the structured observation (plain types)")
+    reply_regex: str = Field("", description="a regular expression for a reply at this state (belief, one legal action, words): "
+                             "a reply that matches it parses; send it as structured_outputs.regex to constrain a model")
 
 
 class SocialState(State):
@@ -231,7 +233,8 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
         text, info = self.episode.observe()
         self._state.turn, self._state.done = self.episode.world.t, bool(self.episode.world.done)
         return SocialObservation(text=text, messages=info["messages"], legal_actions=info["legal_actions"],
-                                 observation=info["observation"], reward=reward, done=done, metadata=happened)
+                                 observation=info["observation"], reply_regex=info["reply_regex"], reward=reward, done=done,
+                                 metadata=happened)
 
 
 TOOLS = ("start", "act", "observe")

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from socialworld.agents.lm.policy import merge
+from socialworld.agents.lm.constrained import program_regex
+from socialworld.agents.lm.policy import SAY_TOKENS, merge, program
 from socialworld.agents.lm.prompts import build_messages, parse_output
 from socialworld.core import Decision, MentalState
 from socialworld.metric_registry import KEYS
@@ -74,12 +75,15 @@ class TextEpisode:
         return cls(spec, w.seed, mode, chat, world=w)
 
     def observe(self) -> tuple[str, dict[str, Any]]:
-        """The observation as text, and ``{"observation", "legal_actions", "messages"}``."""
+        """The observation as text, and ``{"observation", "legal_actions", "messages", "reply_regex"}``
+        (``reply_regex``: the reply grammar at this state, :func:`~socialworld.agents.lm.policy.program`,
+        as the regular expression a server's structured outputs take: a reply that matches it parses)."""
         obs = observe(self.world.spec, self.world.pub)
         messages = build_messages(obs)
         text = messages[-1]["content"] if self.mode == "prompt" else render(obs)
         return text, {"observation": to_plain(obs), "legal_actions": [a.key for a in legal_actions(obs)],
-                      "messages": [dict(m) for m in self._chat] if self.chat == "episode" else messages}
+                      "messages": [dict(m) for m in self._chat] if self.chat == "episode" else messages,
+                      "reply_regex": program_regex(program(obs, SAY_TOKENS))}
 
     def step(self, reply: Any) -> tuple[float, bool, dict[str, Any]]:
         """Play ``reply`` (text in the policy's format; anything else is an unparseable reply): the
