@@ -170,7 +170,10 @@ def test_a_reply_grammar_is_decoded_under_it(client, tiny_app, specs):
     progs = [program(o, 6) for o in obs]
     convs = [build_messages(o) for o in obs]
 
+    together = threading.Barrier(3)
+
     def ask(i: int):
+        together.wait()  # the three requests leave together
         return client.chat.completions.create(model="tiny", messages=convs[i], temperature=0, max_tokens=6,
                                               extra_body={"structured_outputs": {"regex": program_regex(progs[i])}})
 

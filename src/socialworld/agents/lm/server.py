@@ -381,31 +381,233 @@ class OneLineEach:
                 log.info("%s %s %d %.2fs", scope["method"], scope["path"], status[0] or 500, time.perf_counter() - t0)
 
 
-def make_app(generate: HFGenerate | Any, model_id: str, max_new_tokens: int = 64, max_context: int | None = None,
+class Rejected(Exception):
+    """A request answered with an error instead of a reply: its status, message and code."""
+
+    def __init__(self, status: int, message: str, what: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.what = status, message, what
+
+    def response(self) -> Any:
+        return _error(self.status, self.message, what=self.what)
+
+
+@dataclass
+class Completion:
+    """One accepted chat completion: its jobs (one per ``n``) and what its answer and log line need."""
+
+    id: str
+    req: ChatRequest
+    jobs: list[Job]
+    stops: tuple[str, ...]
+    head: dict
+    t0: float
+    stats: BatchStats
+
+    def log(self, code: int, results: Sequence[Generated] = ()) -> None:
+        log.info("%s %d prompt=%d completion=%d n=%d batch=%d %.2fs%s", self.id, code, results[0].tokens_in if results else 0,
+                 sum(g.tokens_out for g in results), self.req.n, max(j.batch for j in self.jobs), time.perf_counter() - self.t0,
+                 " stream" if self.req.stream else "")
+
+    @staticmethod
+    def usage(results: Sequence[Generated]) -> dict:
+        out = sum(g.tokens_out for g in results)
+        return {"prompt_tokens": results[0].tokens_in, "completion_tokens": out, "total_tokens": results[0].tokens_in + out}
+
+    def cancel(self) -> None:
+        for j in self.jobs:
+            if j.future is not None and not j.future.done() and not j.cancelled:
+                j.cancelled = True
+                self.stats.cancelled += 1
+
+    def answer(self, results: Sequence[Generated]) -> dict:
+        return {
+            **self.head, "object": "chat.completion",
+            "choices": [{"index": i, "message": {"role": "assistant", "content": g.text},
+                         "logprobs": None if g.logprobs is None else {"content": [t.openai() for t in g.logprobs], "refusal": None},
+                         "finish_reason": g.finish_reason} for i, g in enumerate(results)],
+            "usage": self.usage(results),
+        }
+
+
+class ChatService:
+    """What ``POST /v1/chat/completions`` does: read a request into jobs (:meth:`accept`: every
+    check, the grammar compiled), hand them to the :class:`Batcher`, and answer whole
+    (:meth:`reply`) or as server-sent events (:meth:`stream`); a client that goes away cancels its
+    jobs. ``max_new_tokens`` is a request's default ``max_tokens``; ``max_context`` (prompt plus reply
+    tokens) bounds a request when given."""
+
+    def __init__(self, generate: Generate, model_id: str, max_new_tokens: int = 64, max_context: int | None = None,
+                 max_batch: int = 16) -> None:
+        self.generate, self.model_id, self.max_new_tokens, self.max_context = generate, model_id, max_new_tokens, max_context
+        self.batcher = Batcher(generate, max_batch=max_batch)
+        self._numbers = itertools.count()
+        self.card = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "socialworld"}
+
+    def unknown(self, name: str) -> Rejected:
+        return Rejected(404, f"the model {name!r} does not exist; this server has {self.model_id!r}", "model_not_found")
+
+    async def complete(self, req: ChatRequest, request: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            c = await self.accept(req, t0)
+        except Rejected as r:
+            return r.response()
+        request.state.logged = True
+        return self.stream(c) if req.stream else await self.reply(c, request)
+
+    async def accept(self, req: ChatRequest, t0: float) -> Completion:
+        """The request's jobs, or :class:`Rejected` with the reason."""
+        if req.model != self.model_id:
+            raise self.unknown(req.model)
+        try:
+            stops, structure = req.stops(), req.structure()
+        except ValueError as err:
+            raise Rejected(400, f"bad request: {err}") from None
+        max_batch = self.batcher.max_batch
+        for bad, why in ((req.n > max_batch, f"n: at most {max_batch} on this server (its --max-batch)"),
+                         (req.top_logprobs is not None and not req.logprobs, "top_logprobs: needs logprobs: true"),
+                         (req.logprobs and req.stream, "logprobs: not served with stream on this server"),
+                         (req.stream_options is not None and not req.stream, "stream_options: needs stream: true")):
+            if bad:
+                raise Rejected(400, f"bad request: {why}")
+        prompt = self.generate.prompt([{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                                       for m in req.messages])
+        limit = req.max_completion_tokens or req.max_tokens or self.max_new_tokens
+        if self.max_context is not None and (n := self.generate.count(prompt)) + limit > self.max_context:
+            raise Rejected(400, f"bad request: {n} prompt tokens plus max_tokens {limit} exceed the model's {self.max_context}")
+        program, matchers = await self._grammar(req, structure, limit)
+        number = next(self._numbers)
+        jobs = [Job(prompt, limit, stops, Sampling(req.temperature, req.top_p, req.seed), program, grammar=m,
+                    logprobs=(req.top_logprobs or 0) if req.logprobs else None, request=number) for m in matchers]
+        rid = f"chatcmpl-{time.time_ns()}"
+        head = {"id": rid, "created": int(time.time()), "model": self.model_id, "system_fingerprint": None}
+        return Completion(rid, req, jobs, stops, head, t0, self.batcher.stats)
+
+    async def _grammar(self, req: ChatRequest, structure: tuple[GrammarKind, Any] | None, limit: int) -> tuple[tuple | None, list]:
+        """The project's reply program (a greedy regex in its language: its own constrained decoder), or
+        one llguidance matcher per sample, or neither."""
+        if structure is None:
+            return None, [None] * req.n
+        kind, spec = structure
+        if kind == "regex" and req.temperature < GREEDY_BELOW and not req.logprobs:
+            from socialworld.agents.lm.constrained import program_from_regex
+
+            try:
+                return tuple(program_from_regex(spec, limit)), [None] * req.n
+            except ValueError:
+                pass  # any other regex: llguidance
+        where = "response_format" if req.structured_outputs is None else f"structured_outputs.{kind}"
+        compile_ = getattr(self.generate, "matcher", None)
+        if compile_ is None:
+            raise Rejected(400, f"bad request: {where}: this server's decoder takes no grammar")
+        try:
+            first = await asyncio.to_thread(compile_, grammar(kind, spec))
+        except ValueError as err:
+            raise Rejected(400, f"bad request: {where}: {err}") from None
+        return None, [first] + [first.deep_copy() for _ in range(req.n - 1)]
+
+    async def reply(self, c: Completion, request: Any) -> Any:
+        """The whole answer once every job has its reply; 499 when the client goes away first."""
+        futures = [await self.batcher.submit(j) for j in c.jobs]
+        while not all(f.done() for f in futures):
+            await asyncio.wait(futures, timeout=0.05)
+            if not all(f.done() for f in futures) and await request.is_disconnected():
+                c.cancel()
+                c.log(499)
+                return _error(499, "the client closed the request")
+        try:
+            results: list[Generated] = [f.result() for f in futures]  # a decoding error is raised here: the app's 500
+        except Exception:
+            c.log(500)
+            raise
+        c.log(200, results)
+        return c.answer(results)
+
+    def stream(self, c: Completion) -> Any:
+        """The reply as server-sent events: a first chunk with the role, then each choice's text as it
+        is decoded (less what could still be the start of a stop string), its finish, the usage when
+        asked, and ``[DONE]``; an error after the first chunk is an ``error`` event. A client that
+        goes away cancels the jobs."""
+        from fastapi.responses import StreamingResponse
+
+        held = max((len(x) for x in c.stops), default=1) - 1
+        with_usage = c.req.stream_options is not None and c.req.stream_options.include_usage
+        loop, arrived = asyncio.get_running_loop(), asyncio.Queue()  # type: ignore[var-annotated]
+
+        def emitter(i: int) -> Callable[[str], None]:
+            def emit(text: str) -> None:
+                loop.call_soon_threadsafe(arrived.put_nowait, (i, text))
+            return emit
+
+        for i, j in enumerate(c.jobs):
+            j.emit = emitter(i)
+
+        def event(choices: list, **more: Any) -> str:
+            return f"data: {json.dumps({**c.head, 'object': 'chat.completion.chunk', 'choices': choices, **more})}\n\n"
+
+        def delta(i: int, text: str, finish: str | None = None) -> dict:
+            return {"index": i, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+
+        async def events():  # type: ignore[no-untyped-def]
+            futures = [await self.batcher.submit(j) for j in c.jobs]
+            sent = [""] * len(c.jobs)
+            try:
+                yield event([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None} for i in range(len(c.jobs))])
+                while not (all(f.done() for f in futures) and arrived.empty()):
+                    try:
+                        i, text = await asyncio.wait_for(arrived.get(), timeout=0.05)
+                    except TimeoutError:
+                        continue
+                    text = cut_at_stop(text, c.stops)[0].rstrip("\ufffd")  # a character still being decoded waits too
+                    safe = text[: max(len(text) - held, 0)]
+                    if len(safe) > len(sent[i]) and safe.startswith(sent[i]):
+                        yield event([delta(i, safe[len(sent[i]) :])])
+                        sent[i] = safe
+                try:
+                    results: list[Generated] = [f.result() for f in futures]
+                except Exception as err:  # noqa: BLE001 - the status line has gone: the error travels as an event
+                    c.log(500)
+                    yield f"data: {json.dumps({'error': {'message': f'internal error: {err!r}', 'type': 'server_error', 'code': '500'}})}\n\n"
+                    return
+                for i, g in enumerate(results):
+                    yield event([delta(i, g.text[len(sent[i]) :] if g.text.startswith(sent[i]) else "", g.finish_reason)])
+                if with_usage:
+                    yield event([], usage=c.usage(results))
+                yield "data: [DONE]\n\n"
+                c.log(200, results)
+            finally:
+                if not all(f.done() for f in futures):  # the client went away
+                    c.cancel()
+                    c.log(499)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def make_app(generate: Generate, model_id: str, max_new_tokens: int = 64, max_context: int | None = None,
              max_batch: int = 16) -> Any:
-    """The FastAPI app serving ``generate`` (an :class:`HFGenerate`, or anything with its
-    ``prompt``, ``count`` and call) as model ``model_id``; ``max_new_tokens`` is a request's default
-    ``max_tokens``; ``max_context`` (prompt plus reply tokens) bounds a request when given."""
+    """The FastAPI app serving ``generate`` (an :class:`HFGenerate`, or any :class:`Generate`) as model
+    ``model_id``: routes and error handlers around a :class:`ChatService` (``app.state.service``; its
+    batcher also ``app.state.batcher``)."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
 
-    batcher = Batcher(generate, max_batch=max_batch)
-    requests = itertools.count()
+    service = ChatService(generate, model_id, max_new_tokens, max_context, max_batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
-        task = asyncio.create_task(batcher.run())
+        task = asyncio.create_task(service.batcher.run())
         try:
             yield
         finally:
             task.cancel()
 
     app = FastAPI(title="socialworld serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.batcher = batcher
-    card = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "socialworld"}
+    app.state.service, app.state.batcher = service, service.batcher
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, err: RequestValidationError):  # type: ignore[no-untyped-def]
@@ -423,157 +625,17 @@ def make_app(generate: HFGenerate | Any, model_id: str, max_new_tokens: int = 64
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [service.card]}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str):  # type: ignore[no-untyped-def]
-        return card if name == model_id else _error(404, f"the model {name!r} does not exist; this server has {model_id!r}",
-                                                  what="model_not_found")
+        return service.card if name == model_id else service.unknown(name).response()
 
     app.add_middleware(OneLineEach)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):  # type: ignore[no-untyped-def]
-        t0 = time.perf_counter()
-        if req.model != model_id:
-            return _error(404, f"the model {req.model!r} does not exist; this server has {model_id!r}", what="model_not_found")
-        try:
-            stops, structure = req.stops(), req.structure()
-        except ValueError as err:
-            return _error(400, f"bad request: {err}")
-        for bad, why in ((req.n > max_batch, f"n: at most {max_batch} on this server (its --max-batch)"),
-                         (req.top_logprobs is not None and not req.logprobs, "top_logprobs: needs logprobs: true"),
-                         (req.logprobs and req.stream, "logprobs: not served with stream on this server"),
-                         (req.stream_options is not None and not req.stream, "stream_options: needs stream: true")):
-            if bad:
-                return _error(400, f"bad request: {why}")
-        prompt = generate.prompt([{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                                  for m in req.messages])
-        limit = req.max_completion_tokens or req.max_tokens or max_new_tokens
-        if max_context is not None and (n := generate.count(prompt)) + limit > max_context:
-            return _error(400, f"bad request: {n} prompt tokens plus max_tokens {limit} exceed the model's {max_context}")
-        program, matchers = None, [None] * req.n
-        if structure is not None:
-            kind, spec = structure
-            field_name = "response_format" if req.structured_outputs is None else f"structured_outputs.{kind}"
-            if kind == "regex" and req.temperature < GREEDY_BELOW and not req.logprobs:
-                from socialworld.agents.lm.constrained import program_from_regex
-
-                try:  # the project's reply grammar: its own constrained decoder (greedy)
-                    program = tuple(program_from_regex(spec, limit))
-                except ValueError:
-                    program = None
-            if program is None:
-                if not hasattr(generate, "matcher"):
-                    return _error(400, f"bad request: {field_name}: this server's decoder takes no grammar")
-                try:
-                    first = await asyncio.to_thread(generate.matcher, grammar(kind, spec))
-                except ValueError as err:
-                    return _error(400, f"bad request: {field_name}: {err}")
-                matchers = [first] + [first.deep_copy() for _ in range(req.n - 1)]
-        rid, number = f"chatcmpl-{time.time_ns()}", next(requests)
-        jobs = [Job(prompt, limit, stops, Sampling(req.temperature, req.top_p, req.seed), program, grammar=m,
-                    logprobs=(req.top_logprobs or 0) if req.logprobs else None, request=number) for m in matchers]
-        request.state.logged = True
-        head = {"id": rid, "created": int(time.time()), "model": model_id, "system_fingerprint": None}
-
-        def done(code: int, results: Sequence[Generated] = ()) -> None:
-            log.info("%s %d prompt=%d completion=%d n=%d batch=%d %.2fs%s", rid, code, results[0].tokens_in if results else 0,
-                     sum(g.tokens_out for g in results), req.n, max(j.batch for j in jobs), time.perf_counter() - t0,
-                     " stream" if req.stream else "")
-
-        def usage(results: Sequence[Generated]) -> dict:
-            out = sum(g.tokens_out for g in results)
-            return {"prompt_tokens": results[0].tokens_in, "completion_tokens": out, "total_tokens": results[0].tokens_in + out}
-
-        def cancel() -> None:
-            for j in jobs:
-                if j.future is not None and not j.future.done() and not j.cancelled:
-                    j.cancelled = True
-                    batcher.stats.cancelled += 1
-
-        if req.stream:
-            return stream(jobs, head, stops, req.stream_options is not None and req.stream_options.include_usage,
-                          usage, done, cancel)
-        futures = [await batcher.submit(j) for j in jobs]
-        while not all(f.done() for f in futures):
-            await asyncio.wait(futures, timeout=0.05)
-            if not all(f.done() for f in futures) and await request.is_disconnected():
-                cancel()
-                done(499)
-                return _error(499, "the client closed the request")
-        try:
-            results: list[Generated] = [f.result() for f in futures]  # a decoding error is raised here: the 500 above
-        except Exception:
-            done(500)
-            raise
-        done(200, results)
-        return {
-            **head, "object": "chat.completion",
-            "choices": [{"index": i, "message": {"role": "assistant", "content": g.text},
-                         "logprobs": None if g.logprobs is None else {"content": [t.openai() for t in g.logprobs], "refusal": None},
-                         "finish_reason": g.finish_reason} for i, g in enumerate(results)],
-            "usage": usage(results),
-        }
-
-    def stream(jobs: list[Job], head: dict, stops: tuple[str, ...], with_usage: bool, usage: Callable, done: Callable,
-               cancel: Callable) -> Any:
-        """The reply as server-sent events: a first chunk with the role, then each choice's text as it
-        is decoded (less what could still be the start of a stop string), its finish, the usage when
-        asked, and ``[DONE]``; an error after the first chunk is an ``error`` event. A client that
-        goes away cancels the jobs."""
-        from fastapi.responses import StreamingResponse
-
-        held = max((len(x) for x in stops), default=1) - 1
-        loop, arrived = asyncio.get_running_loop(), asyncio.Queue()  # type: ignore[var-annotated]
-        def emitter(i: int) -> Callable[[str], None]:
-            def emit(text: str) -> None:
-                loop.call_soon_threadsafe(arrived.put_nowait, (i, text))
-            return emit
-
-        for i, j in enumerate(jobs):
-            j.emit = emitter(i)
-
-        def event(choices: list, **more: Any) -> str:
-            return f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': choices, **more})}\n\n"
-
-        def delta(i: int, text: str, finish: str | None = None) -> dict:
-            return {"index": i, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
-
-        async def events():  # type: ignore[no-untyped-def]
-            futures = [await batcher.submit(j) for j in jobs]
-            sent = [""] * len(jobs)
-            try:
-                yield event([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None} for i in range(len(jobs))])
-                while not (all(f.done() for f in futures) and arrived.empty()):
-                    try:
-                        i, text = await asyncio.wait_for(arrived.get(), timeout=0.05)
-                    except TimeoutError:
-                        continue
-                    text = cut_at_stop(text, stops)[0].rstrip("\ufffd")  # a character still being decoded waits too
-                    safe = text[: max(len(text) - held, 0)]
-                    if len(safe) > len(sent[i]) and safe.startswith(sent[i]):
-                        yield event([delta(i, safe[len(sent[i]) :])])
-                        sent[i] = safe
-                try:
-                    results: list[Generated] = [f.result() for f in futures]
-                except Exception as err:  # noqa: BLE001 - the status line has gone: the error travels as an event
-                    done(500)
-                    yield f"data: {json.dumps({'error': {'message': f'internal error: {err!r}', 'type': 'server_error', 'code': '500'}})}\n\n"
-                    return
-                for i, g in enumerate(results):
-                    yield event([delta(i, g.text[len(sent[i]) :] if g.text.startswith(sent[i]) else "", g.finish_reason)])
-                if with_usage:
-                    yield event([], usage=usage(results))
-                yield "data: [DONE]\n\n"
-                done(200, results)
-            finally:
-                if not all(f.done() for f in futures):  # the client went away
-                    cancel()
-                    done(499)
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return await service.complete(req, request)
 
     return app
 
