@@ -183,3 +183,28 @@ def test_an_activated_adapter_decodes_as_peft_generates(tiny_dir, tmp_path):
                                            do_sample=False, pad_token_id=dec.pad)[0, ids["input_ids"].shape[1] :],
                             skip_special_tokens=True) for j in jobs]
     assert plain != expected
+
+
+def test_a_model_whose_cache_cannot_be_joined_takes_no_newcomers(tiny_dir):
+    """A sliding-window model (its cache is not plain dynamic layers): the batch it starts with
+    decodes as transformers' generate does, rows leaving as they end, and no job joins it mid-way."""
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    _, tok = load_hf(tiny_dir, dtype="float32")
+    cfg = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, sliding_window=4096, max_position_embeddings=4096,
+                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    dec = ContinuousDecoder(MistralForCausalLM(cfg).eval(), tok, threading.Lock(), torch.Generator().manual_seed(0))
+    jobs = [_job(dec, "Turn 1/7. Here: alice, ben", 9), _job(dec, "hi", 4), _job(dec, "Turn 2/7.", 6)]
+    got: dict[int, Generated] = {}
+    for i, j in enumerate(jobs):
+        j.deliver = lambda g, i=i: got.__setitem__(i, g)
+    asked = []
+    dec.run(jobs[:2], lambda: asked.append(1) or [jobs[2]])
+    assert dec.joins is False and not asked and set(got) == {0, 1}
+    for i, j in enumerate(jobs[:2]):
+        ids = tok(j.prompt, add_special_tokens=False, return_tensors="pt")
+        out = dec.model.generate(**ids, max_new_tokens=j.max_tokens, do_sample=False, pad_token_id=dec.pad)
+        assert got[i].text == tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)

@@ -87,7 +87,7 @@ class Job:
     request: int = 0
     """the request this job is one of ``n`` samples of (a seeded request's samples decode together)"""
     batch: int = 0
-    """the largest batch it was decoded in"""
+    """the largest batch it was decoded in (the batcher's count)"""
     cancelled: bool = False
     finished: bool = False
     """its reply has been delivered"""
@@ -216,8 +216,6 @@ class ContinuousDecoder:
                         self.joins = all(type(layer) is DynamicLayer for layer in new_cache.layers)
                     cache, mask = (new_cache, new_mask) if cache is None else _join(cache, mask, new_cache, new_mask)
                     rows += new_rows
-                    for r in rows:
-                        r.job.batch = max(r.job.batch, len(rows))
                     fresh = []
                 keep = [i for i, r in enumerate(rows) if not r.job.cancelled and not self._choose(r)]
                 if len(keep) < len(rows):
@@ -225,7 +223,7 @@ class ContinuousDecoder:
                     if not rows:
                         cache = mask = None
                     else:
-                        cache, mask = _select(cache, mask, keep)
+                        cache, mask = _select(cache, mask, keep, trim=bool(self.joins))
                 if self.joins:
                     fresh = admit()
                 if not rows:
@@ -369,12 +367,16 @@ def _join(cache: Any, mask: Any, new_cache: Any, new_mask: Any) -> tuple[Any, An
     return cache, torch.cat([F.pad(mask, (width - a, 0)), F.pad(new_mask, (width - b, 0))], dim=0)
 
 
-def _select(cache: Any, mask: Any, keep: list[int]) -> tuple[Any, Any]:
-    """The cache of rows ``keep`` only, less the leading columns none of them reads."""
+def _select(cache: Any, mask: Any, keep: list[int], trim: bool) -> tuple[Any, Any]:
+    """The cache of rows ``keep`` only; with ``trim`` (plain dynamic layers), less the leading columns
+    none of them reads."""
     import torch
 
     idx = torch.tensor(keep, device=mask.device)
     mask = mask.index_select(0, idx)
+    if not trim:
+        cache.batch_select_indices(idx)
+        return cache, mask
     start = int((mask.sum(0) > 0).nonzero()[0]) if mask.numel() else 0
     for layer in cache.layers:
         layer.keys = layer.keys.index_select(0, idx)[:, :, start:]
