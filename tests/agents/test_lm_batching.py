@@ -147,9 +147,10 @@ def test_the_batcher_hands_newcomers_of_its_lane_to_the_running_batch():
 
     batcher, texts = asyncio.run(main())
     assert texts == ["a", "b", "s", "c", "d", "p"]
-    # b, c joined a (the batch holds 3 at most: d waited for a row to leave); the seeded and the program jobs ran alone
-    assert rec.runs[0][:3] == ["a", "b", "c"] and "s" not in rec.runs[0] and "p" not in rec.runs[0]
-    assert ["s"] in rec.runs and ["p"] in rec.runs
+    # b, c joined a (the batch holds 3 at most); the seeded and the program jobs ran alone, and once the
+    # seeded job was the oldest waiting, d did not join ahead of it: the batch drained and s had its turn
+    assert rec.runs[0] == ["a", "b", "c"] and ["s"] in rec.runs and ["p"] in rec.runs
+    assert rec.runs.index(["s"]) < next(i for i, run in enumerate(rec.runs) if "d" in run)
     assert batcher.stats.joined >= 2 and batcher.stats.largest_batch == 3
 
 

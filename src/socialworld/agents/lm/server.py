@@ -306,11 +306,12 @@ class Batcher:
 
     def _take(self, lane: tuple | None) -> list[Job]:
         """Waiting jobs of ``lane`` (that of the oldest waiting job when ``None``), as many as the
-        running batch has room for; they join it."""
+        running batch has room for; they join it. None join while the oldest waiting job is of
+        another lane: the batch then drains and that job's turn comes (no lane waits forever)."""
         with self._lock:
             self._waiting = [j for j in self._waiting if not j.cancelled]
             self._live = [j for j in self._live if not (j.finished or j.cancelled)]
-            if not self._waiting:
+            if not self._waiting or (lane is not None and self._waiting[0].lane != lane):
                 return []
             lane = lane or self._waiting[0].lane
             room = self.max_batch - len(self._live)
