@@ -42,28 +42,19 @@ def _grammars() -> dict[str, tuple[str, Any, str]]:
             f"reply grammar ({l2.id})": ("regex", program_regex(prog), reply)}
 
 
-_LL: dict[int, Any] = {}
-
-
-def _llg_matcher(tok: Any, vocab: int, text: str) -> Any:
-    import llguidance
-    import llguidance.hf
-
-    if id(tok) not in _LL:
-        _LL[id(tok)] = llguidance.hf.from_tokenizer(tok, n_vocab=vocab)
-    return llguidance.LLMatcher(_LL[id(tok)], text, log_level=0)
-
-
 def _llguidance(tok: Any, vocab: int) -> Callable[[str, Any], tuple[Any, Callable[[Any], None], Callable[[Any, int], None]]]:
+    import llguidance.hf
     from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
 
     from socialworld.agents.lm.batching import grammar
 
-    _llg_matcher(tok, vocab, grammar("regex", "x"))  # the tokenizer's conversion, outside the timings
+    ll = llguidance.hf.from_tokenizer(tok, n_vocab=vocab)  # the tokenizer's conversion, once, outside the timings
     bits = allocate_token_bitmask(1, vocab)
 
     def compile_(kind: str, spec: Any) -> tuple[Any, Callable[[Any], None], Callable[[Any, int], None]]:
-        m = _llg_matcher(tok, vocab, grammar(kind, spec))  # type: ignore[arg-type]
+        m = llguidance.LLMatcher(ll, grammar(kind, spec), log_level=0)  # type: ignore[arg-type]
+        if m.is_error():
+            raise ValueError(m.get_error())
         return m, lambda m: fill_next_token_bitmask(m, bits, 0), lambda m, t: m.consume_token(t)
     return compile_
 

@@ -148,8 +148,6 @@ def grammar(kind: GrammarKind, spec: Any) -> str:
 @dataclass
 class _Row:
     job: Job
-    length: int
-    """the row's real tokens in the cache (its next position)"""
     tokens_in: int
     generator: Any
     ids: list[int] = field(default_factory=list)
@@ -159,6 +157,8 @@ class _Row:
     """its raw log-probability rows, when the job asks for logprobs"""
     activated: bool = False
     """an activated adapter (aLoRA) reads this row's tokens from here on"""
+    bits: Any = None
+    """its grammar's next-token mask (llguidance's bitmask), allocated once"""
 
 
 class ContinuousDecoder:
@@ -169,8 +169,7 @@ class ContinuousDecoder:
     def __init__(self, model: Any, tokenizer: Any, lock: Any, stream: Any) -> None:
         self.model, self.tokenizer, self.lock, self.stream = model, tokenizer, lock, stream
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        self.eos = {tokenizer.eos_token_id} | (set(gen_eos) if isinstance(gen_eos, list) else {gen_eos} if gen_eos is not None else set())
-        self.eos.discard(None)
+        self.eos = {t for t in [tokenizer.eos_token_id, *(gen_eos if isinstance(gen_eos, list) else [gen_eos])] if t is not None}
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._ll: Any = None
         self.joins: bool | None = None
@@ -257,7 +256,7 @@ class ContinuousDecoder:
                 if job.request not in seeded:
                     seeded[job.request] = torch.Generator().manual_seed(job.sampling.seed)
                 gen = seeded[job.request]
-            rows.append(_Row(job, len(e), len(e), gen, logits=out.logits[b, -1].float().cpu(), activated=activated))
+            rows.append(_Row(job, len(e), gen, logits=out.logits[b, -1].float().cpu(), activated=activated))
         return rows, cache, mask.to(dev)
 
     def _activated(self) -> bool:
@@ -275,7 +274,7 @@ class ContinuousDecoder:
 
         dev = self.model.device
         ids = torch.tensor([[r.ids[-1]] for r in rows], device=dev)
-        pos = torch.tensor([[r.length - 1] for r in rows], device=dev)
+        pos = torch.tensor([[r.tokens_in + len(r.ids) - 1] for r in rows], device=dev)  # the last token's own position
         extra = {"alora_offsets": [1 if r.activated else None for r in rows]} if any(r.activated for r in rows) else {}
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, **extra)
@@ -294,10 +293,11 @@ class ContinuousDecoder:
         if job.grammar is not None:
             from llguidance.torch import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask
 
-            bits = allocate_token_bitmask(1, logits.shape[-1])
-            fill_next_token_bitmask(job.grammar, bits, 0)
+            if r.bits is None:
+                r.bits = allocate_token_bitmask(1, logits.shape[-1])
+            fill_next_token_bitmask(job.grammar, r.bits, 0)
             logits = logits.clone()
-            apply_token_bitmask_inplace(logits, bits)
+            apply_token_bitmask_inplace(logits, r.bits)
         if job.sampling.greedy:
             token = int(logits.argmax())
         else:
@@ -310,7 +310,6 @@ class ContinuousDecoder:
         ended = token in self.eos
         if not ended:
             r.ids.append(token)
-            r.length += 1
         if job.grammar is not None:
             job.grammar.consume_token(token)
             ended = ended or job.grammar.is_stopped()  # the grammar is complete: only the end token is left
@@ -328,14 +327,13 @@ class ContinuousDecoder:
         job = r.job
         logprobs = None
         ids = r.ids
-        if stopped:
+        if stopped:  # the tokens inside the text cut at its stop string, and the cut text's own count
             with self.lock:
                 k = 0
                 while k < len(ids) and len(self.tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) <= len(text):
                     k += 1
-            ids = ids[:k]
-            with self.lock:
                 n_out = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            ids = ids[:k]
         else:
             n_out = len(ids)
         if job.logprobs is not None:

@@ -42,6 +42,7 @@ import asyncio
 import itertools
 import json
 import logging
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from typing import Annotated, Any, Callable, Iterator, Literal, Protocol, Sequen
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from socialworld.agents.lm.batching import GREEDY_BELOW, Generated, GrammarKind, Job, Sampling, TokenLogprob, cut_at_stop, grammar  # noqa: F401
+from socialworld.agents.lm.batching import GREEDY_BELOW, Generated, GrammarKind, Job, Sampling, cut_at_stop, grammar
 
 log = logging.getLogger("socialworld.serve")
 
@@ -201,8 +202,6 @@ class HFGenerate:
     through its own constrained decoder (:mod:`~socialworld.agents.lm.constrained`)."""
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
-        import threading
-
         import torch
 
         from socialworld.agents.lm.batching import ContinuousDecoder
@@ -275,7 +274,7 @@ class Batcher:
     _waiting: list[Job] = field(default_factory=list)
     _live: list[Job] = field(default_factory=list)
     """the running batch's jobs"""
-    _lock: Any = field(default_factory=lambda: __import__("threading").Lock())
+    _lock: Any = field(default_factory=threading.Lock)
     _wake: asyncio.Event | None = None
 
     async def submit(self, job: Job) -> asyncio.Future:
