@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from socialworld.core import MentalState, Observation
+from socialworld.core import Action, MentalState, Observation
 
 
 @dataclass
@@ -65,3 +65,38 @@ class Beliefs:
     def mental_state(self, obs: Observation) -> MentalState:
         moods = {n.id: (n.cue_bucket or "mid") for n in obs.npcs if n.present}
         return MentalState({k: dict(v) for k, v in self.prefers.items()}, moods)
+
+
+@dataclass(frozen=True)
+class Done:
+    """What the agent did, read from the observation's moves (its own public record): whom it asked
+    about which decision and how often, whom it approached, which offers it made for which option,
+    whom it asked again one-to-one. Illegal and unparseable moves changed nothing and are skipped."""
+
+    asked: Counter = field(default_factory=Counter)
+    """(npc, slot) -> inquiries made"""
+    approached: frozenset[str] = frozenset()
+    offered: frozenset[tuple[str, str, str, str]] = frozenset()
+    """(npc, slot, option, offer) of every negotiation"""
+    pressed: frozenset[tuple[str, str, str]] = frozenset()
+    """(npc, slot, option) of every one-to-one proposal"""
+
+    @classmethod
+    def of(cls, moves: Sequence[str]) -> Done:
+        asked: Counter = Counter()
+        approached: set[str] = set()
+        offered: set[tuple[str, str, str, str]] = set()
+        pressed: set[tuple[str, str, str]] = set()
+        for key in moves:
+            if key.endswith("(illegal)") or key == "(unparseable)":
+                continue
+            a = Action.parse(key)
+            if a.kind == "inquire":
+                asked[(a.npc, a.slot)] += 1
+            elif a.kind == "approach" and a.npc is not None:
+                approached.add(a.npc)
+            elif a.kind == "negotiate" and a.npc and a.slot and a.option and a.offer:
+                offered.add((a.npc, a.slot, a.option, a.offer))
+            elif a.kind == "propose" and a.npc != "all" and a.npc and a.slot and a.option:
+                pressed.add((a.npc, a.slot, a.option))
+        return cls(asked, frozenset(approached), frozenset(offered), frozenset(pressed))

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal, Sequence, cast
 
-from socialworld.agents.beliefs import Beliefs
+from socialworld.agents.beliefs import Beliefs, Done
 from socialworld.core import (
     MOOD_BUCKETS,
     Action,
@@ -131,19 +131,9 @@ class _ExpertMemory:
         one-to-one. What the expert judged (options given up, whom it repaired and why) stays its own.
         So at another policy's states (a DAgger label) the expert acts on what was done there, not on
         what it would have done; on its own episodes the two are the same."""
-        self.asked, self.approached, self.offered, self.pressed = Counter(), set(), set(), set()
-        for key in obs.moves:
-            if key.endswith("(illegal)") or key == "(unparseable)":
-                continue
-            a = Action.parse(key)
-            if a.kind == "inquire":
-                self.asked[(a.npc, a.slot)] += 1
-            elif a.kind == "approach":
-                self.approached.add(cast(str, a.npc))
-            elif a.kind == "negotiate":
-                self.offered.add(cast(tuple[str, str, str, str], (a.npc, a.slot, a.option, a.offer)))
-            elif a.kind == "propose" and a.npc != "all":
-                self.pressed.add(cast(tuple[str, str, str], (a.npc, a.slot, a.option)))
+        done = Done.of(obs.moves)
+        self.asked, self.approached, self.offered, self.pressed = (
+            Counter(done.asked), set(done.approached), set(done.offered), set(done.pressed))
         return self
 
 

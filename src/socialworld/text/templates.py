@@ -104,7 +104,7 @@ repair(npc) wait() finalize(slot, option) end()"""
 
 # ---------------------------------------------------------------- language-model policy prompts
 
-POLICY_PROMPT_VERSION = "policy-v8"
+POLICY_PROMPT_VERSION = "policy-v9"
 
 # policy-v2: the scenario's static brief moved into the system message (cacheable per
 # scenario); the user message holds only the state at this step. (policy-v1 had both in the
@@ -142,6 +142,15 @@ POLICY_PROMPT_VERSION = "policy-v8"
 # system message against 258 over 302 expert states; a student trained on 818 expert states fitted
 # 0.72 of unseen states of its scenarios (policy-v6: 0.68) and 0.39 of two scenarios it never saw
 # (0.33) (docs/experiments/2026-12-01-compact-state.md).
+# policy-v9: policy-v8, and a standing proposal that is still the decision's best option says so
+# (``proposed cooking_kit (still best)``: win over who said no, do not propose it again), and each person
+# who turned it down carries what the agent already tried with them on it: ``no priya (tried
+# lead_discussion)``, the offers made for that option
+# and ``one-to-one`` for a proposal repeated to them alone (``agents.lm.prompts.state``). Under policy-v8
+# the student re-proposed a turned-down option it ranked best, or cycled through offers, for the rest of
+# the episode: of its cycle-3 steps at L1 and L2 (run seed 1) that differed from the expert's move at the
+# same state, 53 of 135 were a proposal where the expert negotiated with whoever said no. What was
+# tried stood only in "You did:", far from the decision it concerns.
 _POLICY_SYSTEM_V2 = (
     "You organise a group decision: ask people what they want, propose options they accept, "
     "negotiate with those who refuse, finalize once all agree.\n"
@@ -174,6 +183,9 @@ class PolicyStateView:
     """policy-v8: the state in words that are the same in every scenario (``agents.lm.prompts.state``: mood
     buckets, each decision's options best first), and the brief's options with their costs and offers in
     the order to try them"""
+    tried: bool = False
+    """policy-v9: a standing proposal still ranked best says so, and each person who turned it down carries
+    what was tried with them on it"""
 
 
 @dataclass(frozen=True)
@@ -198,11 +210,15 @@ POLICY_PROMPTS: dict[str, PolicyPrompt] = {p.version: p for p in (
     PolicyPrompt("policy-v5", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(wants=True, agreed=True)),
     PolicyPrompt("policy-v6", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(wants=True, agreed=True, favoured=True, tally=True)),
     PolicyPrompt("policy-v8", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(wants=True, agreed=True, favoured=True, tally=True, terms=True)),
+    PolicyPrompt("policy-v9", _POLICY_SYSTEM_V5, _MOVES,
+                 PolicyStateView(wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True)),
 )}
 """every prompt version by its name (records name the version they were made under)"""
 POLICY_LAST_MOVES = 3
 """how many of the agent's latest moves "You did:" lists under a version without ``tally``"""
 POLICY_ALL_AGREE = "everyone here agrees"
+POLICY_STILL_BEST = "still best"
+"""policy-v9: after a standing proposal that is still the first of its decision's ``best`` options"""
 POLICY_NO_MOVES = "nothing yet"
 POLICY_FAVOURED = "favoured"
 

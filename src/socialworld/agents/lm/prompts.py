@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from socialworld.agents.beliefs import Beliefs
+from socialworld.agents.beliefs import Beliefs, Done
 from socialworld.core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, OfferView, SlotView
 from socialworld.text.reply import BELIEF_ITEM, reply_fields
 from socialworld.text.templates import (
@@ -16,6 +16,7 @@ from socialworld.text.templates import (
     POLICY_NO_MOVES,
     POLICY_PROMPT_VERSION,
     POLICY_PROMPTS,
+    POLICY_STILL_BEST,
     PolicyStateView,
 )
 from socialworld.world.visibility import memory_text
@@ -156,13 +157,28 @@ RANKED_SHOWN = 3
 """how many of a decision's :func:`ranked` options policy-v8 shows"""
 
 
-def state(obs: Observation) -> str:
+def tried(obs: Observation, done: Done, npc: str, slot: str, option: str) -> str:
+    """What the agent already tried with ``npc`` for ``option`` on ``slot`` (policy-v9), as the state
+    shows it after their name: `` (tried chip_in card_credit, one-to-one)``: the offers made, in the
+    brief's order (:func:`offer_order`), and ``one-to-one`` for the proposal repeated to them alone;
+    empty when nothing was."""
+    offers = [o.id for o in offer_order(obs.offers) if (npc, slot, option, o.id) in done.offered]
+    items = [" ".join(offers)] if offers else []
+    if (npc, slot, option) in done.pressed:
+        items.append("one-to-one")
+    return f" (tried {', '.join(items)})" if items else ""
+
+
+def state(obs: Observation, with_tried: bool = False) -> str:
     """The state at this step as policy-v8 shows it: the same facts as ``compact`` in fewer tokens and
     one place per decision, in words that are the same in every scenario. Each person present with
     the mood bucket their cue shows (``?`` before any contact); each open decision with its proposal
     and who said yes and no, what each stakeholder is known to want, and the options it can still
-    win best first (:func:`ranked`: what the known vetoes and dislikes leave); quarrels; the latest news."""
+    win best first (:func:`ranked`: what the known vetoes and dislikes leave); quarrels; the latest news.
+    ``with_tried`` (policy-v9): a standing proposal that is still the best option says so, and each one
+    who said no carries what was :func:`tried` with them on it."""
     b = Beliefs().update(obs)
+    done = Done.of(obs.moves) if with_tried else None
     lines = [f"Turn {obs.step + 1}/{obs.turn_budget}." + (f" Budget left {obs.budget_left:g}." if obs.budget_left is not None else "")]
     lines.append("Moods: " + ", ".join(f"{n.id} {n.cue_bucket or '?'}" for n in obs.npcs if n.present))
     for s in obs.slots:
@@ -170,14 +186,17 @@ def state(obs: Observation) -> str:
             lines.append(f"{s.id}: {s.status}" + (f" {s.choice}" if s.choice else ""))
             continue
         line = f"{s.id}:"
+        best = ranked(obs, b, s)
         if s.proposal:
-            line += f" proposed {s.proposal}, yes {' '.join(s.accepted_by) or '-'}, no {' '.join(s.rejected_by) or '-'}"
+            mark = f" ({POLICY_STILL_BEST})" if done is not None and best[:1] == [s.proposal] else ""
+            no = [h + (tried(obs, done, h, s.id, s.proposal) if done is not None else "") for h in s.rejected_by]
+            line += f" proposed {s.proposal}{mark}, yes {' '.join(s.accepted_by) or '-'}, no {(', ' if done is not None else ' ').join(no) or '-'}"
             if all(h in s.accepted_by for h in s.stakeholders):
                 line += f", {POLICY_ALL_AGREE}"
             line += ";"
         else:
             line += " open;"
-        line += f" wants {wants(b, s)}; best {' '.join(ranked(obs, b, s)[:RANKED_SHOWN]) or '-'}"
+        line += f" wants {wants(b, s)}; best {' '.join(best[:RANKED_SHOWN]) or '-'}"
         lines.append(line)
     open_conflicts = [c for c in obs.conflicts if not c.resolved]
     if open_conflicts:
@@ -193,7 +212,7 @@ def state(obs: Observation) -> str:
 def build_messages(obs: Observation, version: str = POLICY_PROMPT_VERSION) -> list[dict[str, str]]:
     prompt = POLICY_PROMPTS[version]
     view = prompt.view
-    shown = state(obs) if view.terms else compact(obs, view)
+    shown = state(obs, view.tried) if view.terms else compact(obs, view)
     return [
         {"role": "system", "content": prompt.system.format(brief=brief(obs, view))},
         {"role": "user", "content": prompt.user.format(obs=shown, moves=moves_text(obs.moves, view.tally))},
