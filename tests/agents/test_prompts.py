@@ -103,3 +103,34 @@ def test_policy_v8_is_shorter_than_v6(specs):
         v6 += len(build_messages(obs, "policy-v6")[1]["content"])
         v8 += len(build_messages(obs, "policy-v8")[1]["content"])
     assert v8 < 0.9 * v6, (v8, v6)
+
+
+def test_policy_v9_says_what_was_tried_with_each_who_said_no(specs):
+    """Each person who turned the standing proposal down carries the offers made to them for it (in the
+    brief's order) and ``one-to-one`` once it was put to them alone, read from the agent's own moves; a
+    standing proposal still ranked first says ``(still best)``. Everything else reads as under policy-v8."""
+    seen = set()
+    for _spec, _w, obs in _states(specs, seeds=range(1, 6), steps=range(2, 16, 2), policy="expert"):
+        b = Beliefs().update(obs)
+        v9 = build_messages(obs, "policy-v9")[1]["content"]
+        moves = [Action.parse(m) for m in obs.moves if not m.endswith("(illegal)") and m != "(unparseable)"]
+        for s in obs.slots:
+            if s.status != "open" or not s.proposal:
+                continue
+            line = next(x for x in v9.splitlines() if x.startswith(f"{s.id}:"))
+            still = ranked(obs, b, s)[:1] == [s.proposal]
+            assert (f"proposed {s.proposal} (still best)," in line) == still
+            seen.add("still best" if still else "not best")
+            no = line.split(", no ", 1)[1].split(";", 1)[0]
+            shown = {h: t or None for h, t in re.findall(r"(\w+)(?: \(tried ([^)]*)\))?", no)} if s.rejected_by else {}
+            assert list(shown) == list(s.rejected_by)
+            for h, text in shown.items():
+                offers = [o.id for o in offer_order(obs.offers)
+                          if any(m.kind == "negotiate" and (m.npc, m.slot, m.option, m.offer) == (h, s.id, s.proposal, o.id) for m in moves)]
+                pressed = any(m.kind == "propose" and (m.npc, m.slot, m.option) == (h, s.id, s.proposal) for m in moves)
+                expected = ", ".join([" ".join(offers)] * bool(offers) + ["one-to-one"] * pressed) or None
+                assert text == expected, (obs.scenario_id, line, obs.moves)
+                seen.update(["offers"] * bool(offers) + ["one-to-one"] * pressed)
+        v8 = build_messages(obs, "policy-v8")[1]["content"]
+        assert [x for x in v9.splitlines() if " proposed " not in x] == [x for x in v8.splitlines() if " proposed " not in x]
+    assert seen >= {"still best", "not best", "offers"}, seen
