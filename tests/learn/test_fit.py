@@ -159,3 +159,46 @@ def test_fit_finds_a_user_scenario_in_its_run_or_given_file(my_lunch, tmp_path):
     r = CliRunner().invoke(app, ["fit", str(outside), "--model", "expert", "--json", "--scenario", str(again)])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout) == want
+
+
+def test_teacher_agreement_replays_each_episode_and_asks_the_expert_at_its_states(specs, tmp_path):
+    """The expert agrees with itself at every state; another policy's episodes replay from their records
+    (the same executed moves) and agree where its moves were the expert's; a record the world does not
+    give again, and a chained episode, are refused."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from socialworld.cli.main import app
+    from socialworld.learn.fit import teacher_agreement
+    from socialworld.records import to_jsonl
+
+    names = ("team_lunch-v1", "birthday_budget-v1", "community_market-v1")
+    jobs = [EpisodeJob(specs[n], s) for n in names for s in (1, 2)]
+    mine = {n: specs[n] for n in names}
+    expert = teacher_agreement(make_policy("expert"), run_episodes(make_policy("expert"), jobs), mine)
+    assert set(expert) == {"L0", "L1", "L2", "all"}
+    assert all(a.same == a.same_kind == a.steps > 0 and a.confusion == {} for a in expert.values())
+    eps = run_episodes(make_policy("random", seed=3), jobs)
+    random = teacher_agreement(make_policy("expert"), eps, mine)
+    assert random["all"].steps == sum(len(e.steps) for e in eps) == sum(a.steps for t, a in random.items() if t != "all")
+    assert random["all"].same < random["all"].steps
+    for a in random.values():
+        assert sum(n for row in a.confusion.values() for n in row.values()) == a.steps - a.same
+    path = tmp_path / "episodes.jsonl"
+    path.write_text(to_jsonl(eps))
+    r = CliRunner().invoke(app, ["agreement", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {t: a.as_dict() for t, a in random.items()}
+    first = eps[0]
+    step = first.steps[1]
+    moved = step.model_copy(update={"action": step.action.model_copy(update={"executed": "end()"})})
+    with pytest.raises(ValueError, match="does not replay: step 1"):
+        teacher_agreement(make_policy("expert"), [first.model_copy(update={"steps": [first.steps[0], moved, *first.steps[2:]]})], mine)
+    with pytest.raises(ValueError, match="goes on after"):
+        teacher_agreement(make_policy("expert"), [first.model_copy(update={"steps": first.steps[:1]})], mine)
+    chained = first.model_copy(update={"lineage": first.lineage.model_copy(update={"chain": {"chain_id": "c"}})})
+    with pytest.raises(ValueError, match="chain"):
+        teacher_agreement(make_policy("expert"), [chained], mine)
+    r = CliRunner().invoke(app, ["agreement", str(tmp_path / "none.jsonl")])
+    assert r.exit_code == 2 and "no such episodes file" in " ".join(r.output.split())

@@ -19,6 +19,7 @@ from typing import Mapping, Sequence
 from socialworld.agents.lm.prompts import parse_output
 from socialworld.core import Action, Policy, PrivilegedPolicy
 from socialworld.learn.pairs.record import Pair
+from socialworld.records import EpisodeRecord
 from socialworld.text.reply import ACTION, split_turn
 from socialworld.world.engine import World
 from socialworld.world.spec import ScenarioSpec
@@ -140,3 +141,93 @@ def fit_file(pairs: str | Path, policy: str = "bundled", adapter: str | Path | N
     if isinstance(built, PrivilegedPolicy):
         raise ValueError(f"{policy} reads the hidden state: the fit scores a policy that acts on what it observes")
     return action_fit(built, rows, specs, batch=batch)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How often an agent's move was its teacher's at the agent's own states (one tier, or all)."""
+
+    steps: int
+    """the agent's decisions, every one scored"""
+    same: int
+    """the agent's move was exactly the teacher's"""
+    same_kind: int
+    """the agent's move was of the teacher's move's kind"""
+    confusion: dict[str, dict[str, int]] = field(default_factory=dict)
+    """the teacher's kind -> the agent's kind (``unparsed`` where it had no move) -> count, disagreements only"""
+
+    @property
+    def rate(self) -> float:
+        """same / steps"""
+        return self.same / self.steps if self.steps else float("nan")
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "same": self.same, "same_kind": self.same_kind, "rate": self.rate,
+                "confusion": self.confusion}
+
+
+def _agreement(pairs: Sequence[tuple[Action, Action | None]]) -> Agreement:
+    confusion: dict[str, Counter] = {}
+    for want, got in pairs:
+        if got is None or got.key != want.key:
+            confusion.setdefault(want.kind, Counter())[got.kind if got is not None else "unparsed"] += 1
+    return Agreement(steps=len(pairs), same=sum(g is not None and g.key == w.key for w, g in pairs),
+                     same_kind=sum(g is not None and g.kind == w.kind for w, g in pairs),
+                     confusion={k: dict(v.most_common()) for k, v in sorted(confusion.items())})
+
+
+def teacher_agreement(teacher: Policy, episodes: Sequence[EpisodeRecord], specs: Mapping[str, ScenarioSpec]) -> dict[str, Agreement]:
+    """Replay each recorded episode from its seed and ask ``teacher`` for its move at every state the
+    agent met (the teacher remembers the agent's moves, as a DAgger label does):
+    rate = #{steps : a_agent(s) = a_teacher(s)} / #steps, by tier and over ``"all"``. The replay must give
+    the recorded episode: a step whose executed move differs from the record's, or an episode that does
+    not end where the record does, is an error (a chained episode, which starts from a carried-over
+    world, cannot be replayed and is refused)."""
+    by_tier: dict[str, list[tuple[Action, Action | None]]] = {}
+    for ep in episodes:
+        if ep.lineage.chain is not None:
+            raise ValueError(f"episode {ep.episode_id} is part of a chain: it starts from a carried-over world and cannot be replayed")
+        if ep.scenario_id not in specs:
+            raise ValueError(f"episode {ep.episode_id}: scenario {ep.scenario_id!r} is not among the given specs")
+        world, key = World(specs[ep.scenario_id], ep.seed), f"agreement/{ep.episode_id}"
+        teacher.reset([key])
+        for i, s in enumerate(ep.steps):
+            if world.done:
+                raise ValueError(f"episode {ep.episode_id} does not replay: the world ended before step {i}")
+            obs = observe(world.spec, world.pub)
+            want = teacher.act([key], [obs])[0].action
+            fields = {k: v for k, v in (s.action.structured or {}).items() if v is not None}
+            got = Action(**fields, utterance=s.dialogue.utterance or "") if s.action.structured else None  # type: ignore[arg-type]
+            done = world.step(got, parse_error=s.action.error if got is None else None)
+            if done.executed.key != s.action.executed:
+                raise ValueError(f"episode {ep.episode_id} does not replay: step {i} executed {done.executed.key}, "
+                                 f"the record says {s.action.executed}")
+            if want is not None:
+                by_tier.setdefault(ep.tier, []).append((want, got))
+        if not world.done:
+            raise ValueError(f"episode {ep.episode_id} does not replay: the world goes on after its {len(ep.steps)} recorded steps")
+    out = {tier: _agreement(p) for tier, p in sorted(by_tier.items())}
+    out["all"] = _agreement([x for p in by_tier.values() for x in p])
+    return out
+
+
+def agreement_file(episodes: str | Path, teacher: str = "expert", scenarios: Sequence[str] = ()) -> dict[str, Agreement]:
+    """:func:`teacher_agreement` of a scripted ``teacher`` (``expert``) over an episodes JSONL file (e.g. a
+    loop run's ``cycle-c/eval/episodes.jsonl`` or a bench arm's). Scenario ids resolve as in :func:`fit_file`."""
+    import yaml
+
+    from socialworld.agents.registry import make_policy
+    from socialworld.learn.scenarios import specs_for
+    from socialworld.records import read_jsonl
+
+    if not Path(episodes).is_file():
+        raise ValueError(f"{episodes}: no such episodes file")
+    if teacher != "expert":
+        raise ValueError(f"the teacher is a scripted policy that acts on what it observes: expert, not {teacher!r}")
+    eps = read_jsonl(episodes)
+    run = run_folder_of(episodes)
+    max_turns = int((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("max_turns", 0)) if run else 0
+    specs = specs_for({e.scenario_id for e in eps}, run_dir=run, files=scenarios, max_turns=max_turns)
+    built = make_policy(teacher)
+    assert not isinstance(built, PrivilegedPolicy)  # the expert observes only
+    return teacher_agreement(built, eps, specs)
