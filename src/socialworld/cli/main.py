@@ -297,24 +297,23 @@ def fit_cmd(
 @app.command("agreement")
 def agreement_cmd(
     episodes: str = typer.Argument(..., help="an episodes JSONL file, e.g. RUN/loop/cycle-3/eval/episodes.jsonl"),
-    teacher: str = typer.Option("expert", help="the teacher asked at each of the agent's states (a scripted policy: expert)"),
     scenario: Optional[list[str]] = typer.Option(None, "--scenario", help=(
         "a YAML path of a scenario the episodes name (repeatable); needed only for episodes outside a run folder")),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Teacher agreement: replay each recorded episode and count, per tier, how often the agent's move was
-    the teacher's move at the same state, with the teacher-by-agent table of the moves that differ."""
+    the expert's at the same state, with the expert-by-agent table of the moves that differ."""
     from socialworld.learn.fit import agreement_file
 
     try:
-        result = agreement_file(episodes, teacher, scenarios=tuple(scenario or ()))
+        result = agreement_file(episodes, scenarios=tuple(scenario or ()))
     except (ValueError, OSError) as err:
         fail(str(err))
         return
     if as_json:
         print(json.dumps({tier: a.as_dict() for tier, a in result.items()}))
         return
-    t = Table(title=escape(f"{teacher}'s move at the agent's states: {episodes}"))
+    t = Table(title=escape(f"the expert's move at the agent's states: {episodes}"))
     for col in ("tier", "steps", "same move", "rate", "same kind"):
         t.add_column(col, justify="left" if col == "tier" else "right")
     for tier, a in result.items():
@@ -322,7 +321,7 @@ def agreement_cmd(
     console.print(t)
     for tier, a in result.items():
         if tier != "all" and a.confusion:
-            console.print(escape(f"{tier}, where they differ (teacher -> agent): " + "; ".join(
+            console.print(escape(f"{tier}, where they differ (expert -> agent): " + "; ".join(
                 f"{want} -> " + ", ".join(f"{got} {n}" for got, n in row.items()) for want, row in a.confusion.items())))
 
 

@@ -115,28 +115,34 @@ def run_folder_of(path: str | Path) -> Path | None:
     return None
 
 
+def specs_near(path: str | Path, ids: set[str], scenarios: Sequence[str] = ()) -> dict[str, ScenarioSpec]:
+    """The scenarios ``ids`` that a file at ``path`` names: the YAML files in ``scenarios`` first, then, for
+    a file inside a run folder, the user scenarios that run stored (at the run's turn cap), then the
+    shipped ones."""
+    import yaml
+
+    from socialworld.learn.scenarios import specs_for
+
+    run = run_folder_of(path)
+    max_turns = int((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("max_turns", 0)) if run else 0
+    return specs_for(ids, run_dir=run, files=scenarios, max_turns=max_turns)
+
+
 def fit_file(pairs: str | Path, policy: str = "bundled", adapter: str | Path | None = None, batch: int = 16,
              scenarios: Sequence[str] = ()) -> ActionFit:
     """:func:`action_fit` of a policy spec (``expert``, ``bundled``, a model path; with
     ``adapter``, that LoRA adapter deployed on the action track) on an action pairs Parquet file
-    (e.g. a loop run's ``cycle-c/sleep/pairs-action.parquet``). The pairs' scenario ids name the
-    YAML files in ``scenarios`` first, then, for a file inside a run folder, the user scenarios
-    that run stored (at the run's turn cap), then the shipped ones."""
-    import yaml
-
+    (e.g. a loop run's ``cycle-c/sleep/pairs-action.parquet``); the pairs' scenarios as :func:`specs_near` finds them."""
     from socialworld.agents.models import SCRIPTED
     from socialworld.agents.registry import make_policy
     from socialworld.learn.pairs.record import read_pairs
-    from socialworld.learn.scenarios import specs_for
 
     if not Path(pairs).is_file():
         raise ValueError(f"{pairs}: no such pairs file")
     if policy in SCRIPTED and adapter is not None:
         raise ValueError(f"{policy} is a scripted policy: it takes no adapter")
     rows = read_pairs(pairs)
-    run = run_folder_of(pairs)
-    max_turns = int((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("max_turns", 0)) if run else 0
-    specs = specs_for({p.scenario_id for p in rows}, run_dir=run, files=scenarios, max_turns=max_turns)
+    specs = specs_near(pairs, {p.scenario_id for p in rows}, scenarios)
     built = make_policy(policy, batch_size=batch, adapters={"action": str(adapter)} if adapter else None)
     if isinstance(built, PrivilegedPolicy):
         raise ValueError(f"{policy} reads the hidden state: the fit scores a policy that acts on what it observes")
@@ -211,23 +217,16 @@ def teacher_agreement(teacher: Policy, episodes: Sequence[EpisodeRecord], specs:
     return out
 
 
-def agreement_file(episodes: str | Path, teacher: str = "expert", scenarios: Sequence[str] = ()) -> dict[str, Agreement]:
-    """:func:`teacher_agreement` of a scripted ``teacher`` (``expert``) over an episodes JSONL file (e.g. a
-    loop run's ``cycle-c/eval/episodes.jsonl`` or a bench arm's). Scenario ids resolve as in :func:`fit_file`."""
-    import yaml
-
+def agreement_file(episodes: str | Path, scenarios: Sequence[str] = ()) -> dict[str, Agreement]:
+    """:func:`teacher_agreement` of the expert over an episodes JSONL file (e.g. a
+    loop run's ``cycle-c/eval/episodes.jsonl`` or a bench arm's); the episodes' scenarios as :func:`specs_near` finds them."""
     from socialworld.agents.registry import make_policy
-    from socialworld.learn.scenarios import specs_for
     from socialworld.records import read_jsonl
 
     if not Path(episodes).is_file():
         raise ValueError(f"{episodes}: no such episodes file")
-    if teacher != "expert":
-        raise ValueError(f"the teacher is a scripted policy that acts on what it observes: expert, not {teacher!r}")
     eps = read_jsonl(episodes)
-    run = run_folder_of(episodes)
-    max_turns = int((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("max_turns", 0)) if run else 0
-    specs = specs_for({e.scenario_id for e in eps}, run_dir=run, files=scenarios, max_turns=max_turns)
-    built = make_policy(teacher)
+    specs = specs_near(episodes, {e.scenario_id for e in eps}, scenarios)
+    built = make_policy("expert")
     assert not isinstance(built, PrivilegedPolicy)  # the expert observes only
     return teacher_agreement(built, eps, specs)
