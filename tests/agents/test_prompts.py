@@ -134,3 +134,39 @@ def test_policy_v9_says_what_was_tried_with_each_who_said_no(specs):
         v8 = build_messages(obs, "policy-v8")[1]["content"]
         assert [x for x in v9.splitlines() if " proposed " not in x] == [x for x in v8.splitlines() if " proposed " not in x]
     assert seen >= {"still best", "not best", "offers"}, seen
+
+
+def test_policy_v10_names_who_has_not_answered_and_whom_to_repair_next(specs):
+    """A standing proposal names who present answered neither yes nor no; an open quarrel names the side
+    the expert repairs next at that state (the more hurt by mood cue, then the other); everything else reads
+    as under policy-v9. On the expert's own episodes and on the random policy's (whose repairs hit either
+    side in any order)."""
+    from socialworld.rollout.runner import decide
+
+    seen = set()
+    for policy in ("expert", "random"):
+        for spec, w, obs in _states(specs, seeds=range(1, 9), steps=range(1, 16, 2), policy=policy):
+            v10 = build_messages(obs, "policy-v10")[1]["content"]
+            here = {n.id for n in obs.npcs if n.present}
+            for s in obs.slots:
+                if s.status != "open" or not s.proposal:
+                    continue
+                line = next(x for x in v10.splitlines() if x.startswith(f"{s.id}:"))
+                silent = [h for h in s.stakeholders if h in here and h not in s.accepted_by + s.rejected_by]
+                assert (f", unanswered {' '.join(silent)};" in line) == bool(silent), line
+                assert (", unanswered " in line) == bool(silent), line
+                seen.add("unanswered" * bool(silent))
+            quarrels = [c for c in obs.conflicts if not c.resolved]
+            if quarrels:
+                shown = re.findall(r"repair (\w+) next", v10.split("Quarrel: ", 1)[1].splitlines()[0])
+                assert len(shown) == len(quarrels)
+                if policy == "expert":  # the expert, fed this episode's states, repairs whom the line names
+                    expert = make_policy("expert")
+                    w2 = drive(World(spec, w.seed), expert, steps=len(obs.moves))
+                    d = decide(expert, ["k"], [w2], [observe(spec, w2.pub)])[0]
+                    assert d.action.key == f"repair({shown[0]})", (obs.scenario_id, v10)
+                seen.add(f"quarrel {policy}" + " repaired" * any(c.repaired for c in quarrels))
+            v9 = build_messages(obs, "policy-v9")[1]["content"]
+            strip = re.compile(r", unanswered [\w ]+;|, repair \w+ next")
+            assert strip.sub(lambda m: ";" if m.group().endswith(";") else "", v10) == v9
+    assert seen >= {"unanswered", "", "quarrel expert", "quarrel expert repaired", "quarrel random"}, seen

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from socialworld.core import Action, MentalState, Observation
+from socialworld.core import MOOD_BUCKETS, Action, ConflictView, MentalState, Observation
 
 
 @dataclass
@@ -87,10 +87,7 @@ class Done:
         approached: set[str] = set()
         offered: set[tuple[str, str, str, str]] = set()
         pressed: set[tuple[str, str, str]] = set()
-        for key in moves:
-            if key.endswith("(illegal)") or key == "(unparseable)":
-                continue
-            a = Action.parse(key)
+        for a in _taken(moves):
             if a.kind == "inquire":
                 asked[(a.npc, a.slot)] += 1
             elif a.kind == "approach" and a.npc is not None:
@@ -100,3 +97,24 @@ class Done:
             elif a.kind == "propose" and a.npc != "all" and a.npc and a.slot and a.option:
                 pressed.add((a.npc, a.slot, a.option))
         return cls(asked, frozenset(approached), frozenset(offered), frozenset(pressed))
+
+
+def repair_next(obs: Observation, quarrel: ConflictView, since: int = 0) -> str:
+    """Whom to repair next in the open ``quarrel`` (the expert's rule, on the public record): once one
+    side is repaired, the other; else, when a side was repaired among the moves from ``since`` on (the
+    move count when the quarrel was first seen) and nobody counts as repaired (it was the wrong side),
+    the other side of the latest such repair; else the more hurt by mood cue, the first listed on a
+    tie. Illegal and unparseable moves changed nothing and are skipped."""
+    a, b = quarrel.npcs
+    if quarrel.repaired:
+        return b if quarrel.repaired[0] == a else a
+    tries = [m.npc for m in _taken(obs.moves[since:]) if m.kind == "repair" and m.npc in quarrel.npcs]
+    if tries:
+        return b if tries[-1] == a else a
+    cue = {n.id: n.cue_bucket for n in obs.npcs}
+    return min(quarrel.npcs, key=lambda n: MOOD_BUCKETS.index(cue[n] or "mid"))
+
+
+def _taken(moves: Sequence[str]) -> list[Action]:
+    """The moves the world executed, parsed (illegal and unparseable ones changed nothing)."""
+    return [Action.parse(k) for k in moves if not k.endswith("(illegal)") and k != "(unparseable)"]

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal, Sequence, cast
 
-from socialworld.agents.beliefs import Beliefs, Done
+from socialworld.agents.beliefs import Beliefs, Done, repair_next
 from socialworld.core import (
     MOOD_BUCKETS,
     Action,
@@ -29,10 +29,11 @@ from socialworld.world.npc import REPAIR_NEEDED_BELOW, acceptance_score, social_
 from socialworld.world.rng import WorldRNG, derive_seed
 from socialworld.world.visibility import legal_actions
 
-_ORDER = {"low": 0, "mid": 1, "high": 2}
 RANDOM_VERSION = "random-v1"
-EXPERT_VERSION = "expert-v3"
-"""v3 reads what it did from the observation's moves (whom it asked, approached, pressed, what it
+EXPERT_VERSION = "expert-v4"
+"""v4 reads a quarrel's repairs from the moves made since it first saw the quarrel (v3 remembered its
+own picks, so fed another policy's states it switched sides after a step it did not take); on its own
+episodes it acts as v3. v3 reads what it did from the observation's moves (whom it asked, approached, pressed, what it
 offered), so fed another policy's states it labels what that policy's record supports; v2 proposes
 first and asks only after a rejection (v1 asked everyone about everything first)"""
 ORACLE_VERSION = "oracle-v2"
@@ -123,12 +124,15 @@ class _ExpertMemory:
     approached: set[str] = field(default_factory=set)
     repaired: set[str] = field(default_factory=set)
     pressed: set[tuple[str, str, str]] = field(default_factory=set)  # (npc, slot, option) re-asked one-to-one
-    conflict_tries: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    quarrel_since: dict[tuple[str, str], int] = field(default_factory=dict)
+    """each quarrel's sides -> the move count when it was first seen open (its repairs are the moves after)"""
 
     def recall(self, obs: Observation) -> _ExpertMemory:
         """What the agent did, read again from ``obs.moves`` (public: the agent's own record): whom it
         asked about what and how often, whom it approached, which offers it made, whom it re-asked
-        one-to-one. What the expert judged (options given up, whom it repaired and why) stays its own.
+        one-to-one; a quarrel's repairs it reads from the moves made since it first saw the quarrel
+        (:func:`~socialworld.agents.beliefs.repair_next`). What the expert judged (options given up,
+        whom it repaired outside a quarrel) stays its own.
         So at another policy's states (a DAgger label) the expert acts on what was done there, not on
         what it would have done; on its own episodes the two are the same."""
         done = Done.of(obs.moves)
@@ -187,21 +191,11 @@ class ExpertPolicy:
         return ms
 
     def _choose(self, m: _ExpertMemory, obs: Observation, b: Beliefs) -> Action:
-        cue = {n.id: n.cue_bucket for n in obs.npcs}
         # 1. quarrels first: nobody in a quarrel agrees to anything
         for c in obs.conflicts:
-            if c.resolved:
-                continue
-            tries = m.conflict_tries.setdefault(c.npcs, [])
-            if c.repaired:
-                other = c.npcs[1] if c.repaired[0] == c.npcs[0] else c.npcs[0]
-                return say(obs, Action("repair", npc=other))
-            if tries:  # our first guess was wrong: the other one is hurt more
-                pick = c.npcs[1] if tries[-1] == c.npcs[0] else c.npcs[0]
-            else:
-                pick = min(c.npcs, key=lambda n: _ORDER.get(cue[n] or "mid", 1))
-            tries.append(pick)
-            return say(obs, Action("repair", npc=pick))
+            if not c.resolved:
+                since = m.quarrel_since.setdefault(c.npcs, len(obs.moves))
+                return say(obs, Action("repair", npc=repair_next(obs, c, since)))
         # 1b. chained episodes: make amends first with whoever we let down last time
         for npc in obs.memory.aggrieved if obs.memory is not None else ():
             if npc not in m.repaired and obs.npc(npc).present:

@@ -104,7 +104,7 @@ repair(npc) wait() finalize(slot, option) end()"""
 
 # ---------------------------------------------------------------- language-model policy prompts
 
-POLICY_PROMPT_VERSION = "policy-v9"
+POLICY_PROMPT_VERSION = "policy-v10"
 
 # policy-v2: the scenario's static brief moved into the system message (cacheable per
 # scenario); the user message holds only the state at this step. (policy-v1 had both in the
@@ -151,6 +151,13 @@ POLICY_PROMPT_VERSION = "policy-v9"
 # the episode: of its cycle-3 steps at L1 and L2 (run seed 1) that differed from the expert's move at the
 # same state, 53 of 135 were a proposal where the expert negotiated with whoever said no. What was
 # tried stood only in "You did:", far from the decision it concerns.
+# policy-v10: policy-v9, and a standing proposal's line names who present has not answered it (``unanswered
+# nora``: a quarrel or second thoughts wipe an answer, a late arrival has none), and each quarrel names whom
+# to repair next (``Quarrel: nora vs sam, repair nora next``: the more hurt by mood cue, the other one once a
+# repair did not count; ``agents.beliefs.repair_next``, the expert's rule). Under policy-v9 the student's
+# cycle-3 steps at L2 that differed from the expert's were most often a repair of the wrong side of a
+# quarrel or of the same side again (31 and 53 steps on run seeds 1 and 0), and a negotiation with whoever
+# said no where the expert first put the proposal to a stakeholder who had not answered.
 _POLICY_SYSTEM_V2 = (
     "You organise a group decision: ask people what they want, propose options they accept, "
     "negotiate with those who refuse, finalize once all agree.\n"
@@ -186,6 +193,9 @@ class PolicyStateView:
     tried: bool = False
     """policy-v9: a standing proposal still ranked best says so, and each person who turned it down carries
     what was tried with them on it"""
+    pending: bool = False
+    """policy-v10: a standing proposal names who present has not answered it, and each quarrel whom to
+    repair next"""
 
 
 @dataclass(frozen=True)
@@ -212,6 +222,8 @@ POLICY_PROMPTS: dict[str, PolicyPrompt] = {p.version: p for p in (
     PolicyPrompt("policy-v8", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(wants=True, agreed=True, favoured=True, tally=True, terms=True)),
     PolicyPrompt("policy-v9", _POLICY_SYSTEM_V5, _MOVES,
                  PolicyStateView(wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True)),
+    PolicyPrompt("policy-v10", _POLICY_SYSTEM_V5, _MOVES,
+                 PolicyStateView(wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True)),
 )}
 """every prompt version by its name (records name the version they were made under)"""
 POLICY_LAST_MOVES = 3
@@ -219,6 +231,10 @@ POLICY_LAST_MOVES = 3
 POLICY_ALL_AGREE = "everyone here agrees"
 POLICY_STILL_BEST = "still best"
 """policy-v9: after a standing proposal that is still the first of its decision's ``best`` options"""
+POLICY_UNANSWERED = "unanswered"
+"""policy-v10: before who present has not answered a standing proposal"""
+POLICY_REPAIR_NEXT = "repair {npc} next"
+"""policy-v10: after an open quarrel, whom to repair next"""
 POLICY_NO_MOVES = "nothing yet"
 POLICY_FAVOURED = "favoured"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from socialworld.agents.beliefs import Beliefs, Done
+from socialworld.agents.beliefs import Beliefs, Done, repair_next
 from socialworld.core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, OfferView, SlotView
 from socialworld.text.reply import BELIEF_ITEM, reply_fields
 from socialworld.text.templates import (
@@ -16,7 +16,9 @@ from socialworld.text.templates import (
     POLICY_NO_MOVES,
     POLICY_PROMPT_VERSION,
     POLICY_PROMPTS,
+    POLICY_REPAIR_NEXT,
     POLICY_STILL_BEST,
+    POLICY_UNANSWERED,
     PolicyStateView,
 )
 from socialworld.world.visibility import memory_text
@@ -169,16 +171,20 @@ def tried(obs: Observation, done: Done, npc: str, slot: str, option: str) -> str
     return f" (tried {', '.join(items)})" if items else ""
 
 
-def state(obs: Observation, with_tried: bool = False) -> str:
+def state(obs: Observation, view: PolicyStateView = PolicyStateView(terms=True)) -> str:
     """The state at this step as policy-v8 shows it: the same facts as ``compact`` in fewer tokens and
     one place per decision, in words that are the same in every scenario. Each person present with
     the mood bucket their cue shows (``?`` before any contact); each open decision with its proposal
     and who said yes and no, what each stakeholder is known to want, and the options it can still
     win best first (:func:`ranked`: what the known vetoes and dislikes leave); quarrels; the latest news.
-    ``with_tried`` (policy-v9): a standing proposal that is still the best option says so, and each one
-    who said no carries what was :func:`tried` with them on it."""
+    ``view.tried`` (policy-v9): a standing proposal that is still the best option says so, and each one
+    who said no carries what was :func:`tried` with them on it. ``view.pending`` (policy-v10): a standing
+    proposal names who present has not answered it, and each quarrel whom to repair next
+    (:func:`~socialworld.agents.beliefs.repair_next`, counting the episode's moves since its start: the
+    expert counts those since it first saw the quarrel)."""
     b = Beliefs().update(obs)
-    done = Done.of(obs.moves) if with_tried else None
+    done = Done.of(obs.moves) if view.tried else None
+    here = {n.id for n in obs.npcs if n.present}
     lines = [f"Turn {obs.step + 1}/{obs.turn_budget}." + (f" Budget left {obs.budget_left:g}." if obs.budget_left is not None else "")]
     lines.append("Moods: " + ", ".join(f"{n.id} {n.cue_bucket or '?'}" for n in obs.npcs if n.present))
     for s in obs.slots:
@@ -193,6 +199,9 @@ def state(obs: Observation, with_tried: bool = False) -> str:
             line += f" proposed {s.proposal}{mark}, yes {' '.join(s.accepted_by) or '-'}, no {(', ' if done is not None else ' ').join(no) or '-'}"
             if all(h in s.accepted_by for h in s.stakeholders):
                 line += f", {POLICY_ALL_AGREE}"
+            silent = [h for h in s.stakeholders if h in here and h not in s.accepted_by and h not in s.rejected_by]
+            if view.pending and silent:
+                line += f", {POLICY_UNANSWERED} {' '.join(silent)}"
             line += ";"
         else:
             line += " open;"
@@ -200,8 +209,9 @@ def state(obs: Observation, with_tried: bool = False) -> str:
         lines.append(line)
     open_conflicts = [c for c in obs.conflicts if not c.resolved]
     if open_conflicts:
-        lines.append("Quarrel: " + "; ".join(" vs ".join(c.npcs) + (f", repaired {' '.join(c.repaired)}" if c.repaired else "")
-                                             for c in open_conflicts))
+        lines.append("Quarrel: " + "; ".join(
+            " vs ".join(c.npcs) + (f", repaired {' '.join(c.repaired)}" if c.repaired else "")
+            + (", " + POLICY_REPAIR_NEXT.format(npc=repair_next(obs, c)) if view.pending else "") for c in open_conflicts))
     if obs.announcements:
         lines.append("News: " + obs.announcements[-1])
     if obs.memory is not None:
@@ -212,7 +222,7 @@ def state(obs: Observation, with_tried: bool = False) -> str:
 def build_messages(obs: Observation, version: str = POLICY_PROMPT_VERSION) -> list[dict[str, str]]:
     prompt = POLICY_PROMPTS[version]
     view = prompt.view
-    shown = state(obs, view.tried) if view.terms else compact(obs, view)
+    shown = state(obs, view) if view.terms else compact(obs, view)
     return [
         {"role": "system", "content": prompt.system.format(brief=brief(obs, view))},
         {"role": "user", "content": prompt.user.format(obs=shown, moves=moves_text(obs.moves, view.tally))},
