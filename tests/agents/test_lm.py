@@ -663,7 +663,7 @@ def test_prompt_says_when_everyone_here_agrees(specs):
             obs = _obs(specs, sid, seed=seed, steps=steps)
             assert POLICY_ALL_AGREE not in build_messages(obs, "policy-v4")[1]["content"]
             here = {n.id for n in obs.npcs if n.present}
-            for version, opening in (("policy-v6", ": open"), ("policy-v8", ":"), ("policy-v9", ":")):
+            for version, opening in (("policy-v6", ": open"), ("policy-v8", ":"), ("policy-v9", ":"), ("policy-v10", ":")):
                 text = build_messages(obs, version)[1]["content"]
                 for s in obs.slots:
                     if s.status != "open":

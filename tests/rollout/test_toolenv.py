@@ -3,6 +3,7 @@ expert's moves as tool calls giving the runner's episode, the world's own penalt
 moves, and TRL's GRPO trainer taking the class."""
 
 import functools
+import json
 
 import pytest
 
@@ -133,3 +134,75 @@ def test_trls_grpo_trains_through_the_tools(specs, tiny_dir, tmp_path):
     trainer.train()
     logged = trainer.state.log_history[0]
     assert logged["rewards/ToolEnv/mean"] == 0.0 and "tools/call_frequency" in logged
+
+
+@pytest.mark.slow
+def test_grpo_through_the_tools_raises_the_reward_of_the_tiny_models_calls(specs, tiny_dir, tmp_path):
+    """Learning through ``environment_factory``: TRL's SFT warm-starts the tiny model on one call,
+    ``propose(restaurant, X)`` with X each of the four restaurants alike (the rows TRL's GRPO will prompt it
+    with: the compact tool template, the task ``reset`` returns); then TRL's GRPO over one-turn episodes of
+    team lunch, scored only by the world's reward (0.5 for the two restaurants the first replies favour, 1/3
+    for the two others, 0 for no call, a penalty for an illegal one), moves the model's choice towards the
+    better restaurants: the expected reward of its choice among the four calls and their share rise, and so
+    does the reward its rollouts got."""
+    pytest.importorskip("trl")
+    import math
+    import os
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import get_json_schema
+    from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
+
+    from socialworld.core import Action
+    from socialworld.rollout.toolenv import compact_tool_chat, tool_call
+
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    tok = compact_tool_chat(AutoTokenizer.from_pretrained(tiny_dir))
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    env = ToolEnv(specs, 1)
+    task = [{"role": "user", "content": env.reset("team_lunch", 0)}]
+    tools = [get_json_schema(getattr(env, name)) for name in sorted(TOOLS)]  # the order TRL offers the methods in
+    options = [o.id for o in specs["team_lunch-v1"].slot("restaurant").options]
+    calls = {o: [{"role": "assistant", "content": "", "tool_calls": [tool_call(Action("propose", slot="restaurant", option=o, npc="all"))]}]
+             for o in options}
+    reward = {}
+    for o in options:
+        e = ToolEnv(specs, 1)
+        e.reset("team_lunch", 0)
+        e.propose(**calls[o][0]["tool_calls"][0]["function"]["arguments"])
+        reward[o] = e.get_reward()
+    best = {o for o in options if reward[o] == max(reward.values())}
+    assert 0 < len(best) < len(options)  # the choice matters
+
+    def choice():  # the model's probabilities of the four calls, renormalised among them
+        prefix = len(tok(tok.apply_chat_template(task, tools=tools, add_generation_prompt=True, tokenize=False))["input_ids"])
+        logp = {}
+        with torch.no_grad():
+            for o in options:
+                ids = torch.tensor([tok(tok.apply_chat_template(task + calls[o], tools=tools, tokenize=False))["input_ids"]])
+                lp = model(ids).logits[0, :-1].float().log_softmax(-1).gather(1, ids[0, 1:, None])[prefix - 1:, 0]
+                logp[o] = lp.sum().item()
+        top = max(logp.values())
+        z = sum(math.exp(v - top) for v in logp.values())
+        return {o: math.exp(v - top) / z for o, v in logp.items()}
+
+    warm = Dataset.from_list([{"prompt": task, "completion": calls[o], "tools": json.dumps(tools)} for o in options] * 8)
+    SFTTrainer(model=model, processing_class=tok, train_dataset=warm,
+               args=SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=150, per_device_train_batch_size=8, learning_rate=1e-2,
+                              max_length=None, report_to=[], use_cpu=True, save_strategy="no", seed=0)).train()
+    before = choice()
+    rows = Dataset.from_list([{"prompt": [{"role": "user", "content": ""}], "scenario": "team_lunch", "seed": 0}] * 320)
+    grpo = GRPOTrainer(model=model, processing_class=tok, train_dataset=rows, environment_factory=functools.partial(ToolEnv, specs, 1),
+                       args=GRPOConfig(output_dir=str(tmp_path / "grpo"), max_steps=40, per_device_train_batch_size=8, num_generations=8,
+                                       learning_rate=3e-4, temperature=0.7, max_completion_length=96, max_tool_calling_iterations=1,
+                                       report_to=[], use_cpu=True, save_strategy="no", seed=0, logging_steps=1))
+    assert [t.__name__ for t in grpo.tools] == sorted(TOOLS)
+    grpo.train()
+    after = choice()
+    expected = {name: sum(p[o] * reward[o] for o in options) for name, p in (("before", before), ("after", after))}
+    assert expected["after"] > expected["before"] + 0.03, (before, after)
+    assert sum(after[o] for o in best) > sum(before[o] for o in best) + 0.2, (before, after)
+    got = [h["rewards/ToolEnv/mean"] for h in grpo.state.log_history if "rewards/ToolEnv/mean" in h]
+    assert len(got) == 40 and sum(got[-10:]) > sum(got[:10]), got

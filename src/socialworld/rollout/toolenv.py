@@ -208,5 +208,18 @@ def expert_conversation(spec: ScenarioSpec, seed: int, max_turns: int = 0) -> li
     return messages
 
 
+def compact_tool_chat(tokenizer: Any) -> Any:
+    """Give ``tokenizer`` (a ChatML one: the bundled SmolLM2's, the tiny test model's) the compact tool
+    template (``templates.TOOL_CHAT_TEMPLATE``: tools named with their arguments, not their schemas) and
+    the response parser TRL's GRPO reads the calls with (Qwen's format, ``trl.chat_template_utils.qwen3_template``);
+    returns it. TRL takes both as they are: the template renders a whole tool-calling conversation and
+    keeps every prefix, so ``GRPOTrainer`` neither rejects nor replaces it."""
+    from trl.chat_template_utils import qwen3_template
+
+    tokenizer.chat_template = templates.TOOL_CHAT_TEMPLATE
+    tokenizer.response_template = qwen3_template
+    return tokenizer
+
+
 TOOLS = ("approach", "inquire", "propose", "negotiate", "repair", "finalize", "wait", "end")
 """the tools a :class:`ToolEnv` offers (its public methods besides ``reset`` and ``get_reward``)"""
