@@ -23,8 +23,10 @@ calls the model writes unconstrained, and the bundled model writes none (its cha
 tools; under TRL's Qwen2.5 template, 0 of 8 sampled replies to the task were a tool call). This
 example needs ``rollout_func`` because it samples each move from the legal actions only (the token
 trie) and marks which tokens the model chose (``env_mask``). For a model trained for tool calls
-(Qwen2.5, Qwen3, Llama 3.1, ...), ``socialworld.rollout.toolenv.ToolEnv`` is the
-``environment_factory`` class: one tool per move kind, the world's reward as ``get_reward()``.
+(Qwen2.5, Qwen3, Llama 3.1, ...), or one warm-started on calls with TRL's SFT (``toolenv.compact_tool_chat``
+gives a ChatML tokenizer a short tool template; a slow test trains the tiny test model that way),
+``socialworld.rollout.toolenv.ToolEnv`` is the ``environment_factory`` class: one tool per move kind, the
+world's reward as ``get_reward()``.
 
     python examples/grpo_openenv.py                          # the bundled SmolLM2, team lunch's 7 turns, 8 expert episodes cloned, 10 GRPO steps
     python examples/grpo_openenv.py --max-turns 3 --warm-episodes 0   # 3 turns, from the untrained model

@@ -33,8 +33,8 @@ RANDOM_VERSION = "random-v1"
 EXPERT_VERSION = "expert-v4"
 """v4 reads a quarrel's repairs from the moves made since it first saw the quarrel (v3 remembered its
 own picks, so fed another policy's states it switched sides after a step it did not take); on its own
-episodes it acts as v3. v3 reads what it did from the observation's moves (whom it asked, approached, pressed, what it
-offered), so fed another policy's states it labels what that policy's record supports; v2 proposes
+episodes it acts as v3. v3 reads what it did from the observation's moves (whom it asked, approached,
+pressed, what it offered), so fed another policy's states it labels what that policy's record supports; v2 proposes
 first and asks only after a rejection (v1 asked everyone about everything first)"""
 ORACLE_VERSION = "oracle-v2"
 """v2 never makes an offer that adds nothing to the concession already held"""

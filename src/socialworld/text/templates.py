@@ -266,7 +266,8 @@ TOOL_CHAT_TEMPLATE = (
 )
 """a ChatML chat template for small models playing ``ToolEnv``: one system line names each tool with its
 arguments (``propose(decision, option, to, say)``) instead of rendering their JSON schemas (team lunch's
-first prompt in 478 tokens of the tiny test model's tokenizer, against 2,347 under TRL's Qwen2.5 template), and calls are written as Qwen's ``<tool_call>`` JSON, which TRL's ``qwen3_template``
+first prompt in 478 tokens of the tiny test model's tokenizer, against 2,347 under TRL's Qwen2.5
+template), and calls are written as Qwen's ``<tool_call>`` JSON, which TRL's ``qwen3_template``
 response parser reads (``rollout.toolenv.compact_tool_chat``)"""
 
 # ---------------------------------------------------------------- theory-of-mind stories
