@@ -184,7 +184,6 @@ def state(obs: Observation, view: PolicyStateView = PolicyStateView(terms=True))
     expert counts those since it first saw the quarrel)."""
     b = Beliefs().update(obs)
     done = Done.of(obs.moves) if view.tried else None
-    here = {n.id for n in obs.npcs if n.present}
     lines = [f"Turn {obs.step + 1}/{obs.turn_budget}." + (f" Budget left {obs.budget_left:g}." if obs.budget_left is not None else "")]
     lines.append("Moods: " + ", ".join(f"{n.id} {n.cue_bucket or '?'}" for n in obs.npcs if n.present))
     for s in obs.slots:
@@ -199,7 +198,7 @@ def state(obs: Observation, view: PolicyStateView = PolicyStateView(terms=True))
             line += f" proposed {s.proposal}{mark}, yes {' '.join(s.accepted_by) or '-'}, no {(', ' if done is not None else ' ').join(no) or '-'}"
             if all(h in s.accepted_by for h in s.stakeholders):
                 line += f", {POLICY_ALL_AGREE}"
-            silent = [h for h in s.stakeholders if h in here and h not in s.accepted_by and h not in s.rejected_by]
+            silent = [h for h in s.stakeholders if obs.npc(h).present and h not in s.accepted_by + s.rejected_by]
             if view.pending and silent:
                 line += f", {POLICY_UNANSWERED} {' '.join(silent)}"
             line += ";"
