@@ -697,12 +697,13 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_new_tokens:
         import uvicorn  # noqa: F401
     except ImportError:
         raise ValueError("serve needs FastAPI, uvicorn and llguidance: pip install 'socialworld[serve]'") from None
-    from socialworld.agents.models import parse_model_spec
+    from socialworld.agents.models import check_loads, parse_model_spec
     from socialworld.agents.registry import make_backend
 
     ms = parse_model_spec(model)
     if ms.kind not in ("bundled", "hf"):
         raise ValueError(f"can only serve a local model, not {model!r}")
+    check_loads(model, "--model")  # a missing extra or unknown model is named whatever the port's state
     sock = bind(host, port)  # before the model loads: a port in use fails at once
     backend = make_backend(model, max_new_tokens=max_new_tokens, batch_size=max_batch, dtype=dtype)
     context = getattr(backend.model.config, "max_position_embeddings", None)
