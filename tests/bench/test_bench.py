@@ -151,6 +151,34 @@ def test_bench_reports_the_held_out_scenarios_apart(tiny, tmp_path):
     assert doc["holdout"]["scenarios"] == ["activity_debrief-v1"]
 
 
+def test_pool_over_two_run_seeds_pairs_within_each_run(tiny, tmp_path):
+    """``socialworld pool``: two benches of one config and two seeds, pooled: every arm's last-cycle
+    episodes of both runs, B - A paired within each run (so its mean is the episodes' mean of the two
+    runs' differences), the held-out scenario pooled the same way; one run twice is refused."""
+    from socialworld.bench.document import BenchDoc
+    from socialworld.bench.pool import ALL, PoolDoc, pool_benches, write_pool
+    from socialworld.records import read_document
+
+    folders = []
+    for seed in (0, 1):
+        cfg = BenchConfig(out=str(tmp_path / f"b{seed}"), model=tiny, preset="smoke", cycles=2, lm_batch_size=4, resamples=1000,
+                          seed=seed, scenarios=("team_lunch", "activity_debrief", "book_club"), holdout=("activity_debrief",))
+        run_bench(cfg, log=lambda _: None)
+        folders.append(cfg.out)
+    doc = pool_benches(folders, resamples=1000)
+    benches = [read_document(tmp_path / f"b{s}" / "bench.json", BenchDoc) for s in (0, 1)]
+    assert [r.seed for r in doc.runs] == [0, 1] and doc.runs[1].passed["B"][ALL] == benches[1].main["B"]["pass"].mean
+    assert doc.main["B"][ALL].n == sum(b.main["B"]["pass"].n for b in benches)
+    n = [b.paired["B-A"]["pass"].n for b in benches]
+    assert doc.paired["B-A"][ALL].mean == pytest.approx(sum(b.paired["B-A"]["pass"].mean * k for b, k in zip(benches, n)) / sum(n))
+    assert doc.holdout_scenarios == ["activity_debrief-v1"] and doc.holdout_paired["B-A"].n == 2 * PRESETS["smoke"].eval_episodes
+    assert doc.mean_forgetting == {"L0": pytest.approx(sum(b.forgetting["B"]["L0"] for b in benches) / 2)}
+    write_pool(doc, tmp_path / "pool")
+    assert read_document(tmp_path / "pool" / "pool.json", PoolDoc) == doc and "B-A" in (tmp_path / "pool" / "pool.md").read_text()
+    with pytest.raises(ValueError, match="distinct run seeds"):
+        pool_benches([folders[0], folders[0]])
+
+
 def test_bench_with_a_judge_reports_it_beside_the_rule_metrics(tiny, tmp_path):
     cfg = BenchConfig(out=str(tmp_path / "j"), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=1000, judge=tiny)
     res = run_bench(cfg, log=lambda _: None)

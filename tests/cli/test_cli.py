@@ -778,3 +778,11 @@ def test_library_warnings_go_to_the_log_file_not_the_console(tmp_path, monkeypat
     finally:
         logging.captureWarnings(False)
     assert "a library's deprecation" in (tmp_path / "logs" / "sw.log").read_text()
+
+
+def test_pool_refuses_one_run_and_a_folder_that_is_no_finished_bench_in_one_line(tmp_path):
+    r = runner.invoke(app, ["pool", str(tmp_path)])
+    assert r.exit_code == 2 and "at least two" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    (tmp_path / "a").mkdir()
+    r = runner.invoke(app, ["pool", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert r.exit_code == 2 and f"{tmp_path / 'a'}: not a finished bench" in r.output and len(r.output.strip().splitlines()) == 1, r.output

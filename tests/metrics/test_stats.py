@@ -1,7 +1,7 @@
 import pytest
 
 from socialworld.agents.registry import make_policy
-from socialworld.metrics.stats import bootstrap, metric_interval, metric_value, paired_difference
+from socialworld.metrics.stats import bootstrap, metric_interval, metric_value, paired_difference, pooled_paired_difference
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.runner import EpisodeJob, run_episodes
 from socialworld.world.spec import resolve_scenarios
@@ -50,3 +50,15 @@ def test_paired_difference_refuses_unmatched_episodes(expert_eps, random_eps):
         paired_difference(random_eps[1:], expert_eps, "D")
     with pytest.raises(KeyError):
         metric_value(expert_eps[0], "charm")
+
+
+def test_a_pooled_difference_pairs_within_each_run_and_bootstraps_all_of_them(expert_eps, random_eps):
+    """Two runs that share their episodes' keys (as runs of other seeds may by chance): pairs never
+    cross runs, so the pooled mean is the mean of both runs' differences, over twice the episodes."""
+    run2_a, run2_b = expert_eps, expert_eps  # a second run where B equals A on every episode
+    iv = pooled_paired_difference([(random_eps, expert_eps), (run2_a, run2_b)], "D", resamples=2000)
+    one = paired_difference(random_eps, expert_eps, "D", resamples=2000)
+    assert iv.n == 2 * len(expert_eps) and iv.mean == pytest.approx(one.mean / 2)
+    assert iv.excludes_zero() and iv.lo < one.lo  # the second run's zeros pull the interval down
+    with pytest.raises(ValueError, match="same episodes"):  # a run's unmatched episodes are an error, as unpooled
+        pooled_paired_difference([(random_eps, expert_eps), (random_eps[1:], expert_eps)], "D")

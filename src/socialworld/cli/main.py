@@ -486,6 +486,28 @@ def report_cmd(
     say((run / "report.md").read_text())
 
 
+@app.command("pool")
+def pool_cmd(
+    runs: list[Path] = typer.Argument(..., help="finished benches of one config and different --seed (their --out folders)"),
+    out: Optional[Path] = typer.Option(None, help="folder to write pool.json and pool.md in (default: print only)"),
+    resamples: int = typer.Option(10_000, help=f"bootstrap resamples of each interval ({COUNT})"),
+) -> None:
+    """Pool finished benches over run seeds: each arm's PassRate per tier over every run's last
+    cycle, B - A and B - C paired within each run and bootstrapped over all of them, each run's
+    forgetting, and the held-out scenarios the same way; print it as Markdown. Nothing is run."""
+    from socialworld.bench.pool import pool_benches, pool_markdown, write_pool
+
+    require("--resamples", resamples, COUNT)
+    try:
+        doc = pool_benches(runs, resamples=resamples)
+        if out is not None:
+            write_pool(doc, out)
+    except (ValueError, OSError) as err:
+        fail(str(err))
+        return
+    say(pool_markdown(doc))
+
+
 @app.command("export")
 def export_cmd(
     policy: str = typer.Option(..., help="a trained policy: a local model with adapters (<model>+<run folder>), or the run folder"),

@@ -69,11 +69,24 @@ def paired_difference(a: Sequence[EpisodeRecord], b: Sequence[EpisodeRecord], ke
     """Paired bootstrap of mean(b - a) over the episodes both sides ran (matched on
     (scenario_id, seed)): per shared episode d_i = value_b - value_a, then :func:`bootstrap` of d.
     Unmatched episodes are an error, not silently dropped."""
+    return bootstrap(_differences(a, b, key), **kw)
+
+
+def pooled_paired_difference(groups: Sequence[tuple[Sequence[EpisodeRecord], Sequence[EpisodeRecord]]], key: str, **kw) -> Interval:
+    """Paired bootstrap of mean(b - a) pooled over independent runs: each group ``(a, b)`` is one
+    run's two sides, matched on (scenario_id, seed) within the group as :func:`paired_difference`
+    matches them (runs of other run seeds may share no episode, or share one by chance: pairs never
+    cross runs); d = the concatenation of every group's differences, then :func:`bootstrap` of d
+    (n = all the groups' episodes)."""
+    return bootstrap([d for a, b in groups for d in _differences(a, b, key)], **kw)
+
+
+def _differences(a: Sequence[EpisodeRecord], b: Sequence[EpisodeRecord], key: str) -> list[float]:
+    """value_b - value_a per (scenario_id, seed), in key order; the two sides must hold the same episodes."""
     ka = {(e.scenario_id, e.seed): e for e in a}
     kb = {(e.scenario_id, e.seed): e for e in b}
     if ka.keys() != kb.keys():
         raise ValueError(f"paired comparison needs the same episodes on both sides; "
                          f"only in a: {sorted(ka.keys() - kb.keys())[:3]}, only in b: {sorted(kb.keys() - ka.keys())[:3]}")
     require_contract([*a, *b])
-    keys = sorted(ka)
-    return bootstrap([metric_value(kb[k], key) - metric_value(ka[k], key) for k in keys], **kw)
+    return [metric_value(kb[k], key) - metric_value(ka[k], key) for k in sorted(ka)]
