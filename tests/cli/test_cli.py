@@ -259,7 +259,7 @@ def test_bad_options_fail_in_one_line_before_any_work(args, says, tmp_path, monk
     (["loop", "--unlock", "bogus"], "Invalid value for '--unlock'"),
     (["loop", "--gating", "bogus"], "Invalid value for '--gating'"),
     (["loop", "--reference-chosen", "bogus"], "Invalid value for '--reference-chosen'"),
-    (["loop", "--sources", "action,bogus"], "--sources: 'bogus' is not one of action, reference, dialogue, utterance, judge"),
+    (["loop", "--sources", "action,bogus"], "--sources: 'bogus' is not one of action, reference, repeat, dialogue, utterance, judge"),
     (["loop", "--sources", "action,action"], "sources: must name each pair source once"),
     (["bench", "--preset", "bogus"], "Invalid value for '--preset'"),
     (["bench", "--suite", "bogus"], "Invalid value for '--suite'"),

@@ -33,11 +33,11 @@ class PoolRun(Document):
     folder: str
     seed: int
     minutes: float
-    """wall minutes of the bench's phases (its loop's and the arms'; resumed runs add up every invocation)"""
+    """wall minutes of the bench's phases: the sum of its artifacts' wall times (``timings.json``), its loop's and its arms'"""
     passed: dict[str, dict[str, float]]
     """arm -> tier (and ``all``) -> PassRate of the last cycle"""
     forgetting: dict[str, float]
-    """B's forgetting per tier (contract §8: F_l = max_{c<last} R[c][l] - R[last][l])"""
+    """B's forgetting per tier (contract §5.3: F_l = max_{c<last} R[c][l] - R[last][l])"""
     holdout: dict[str, float] = {}
     """arm -> PassRate on the held-out scenarios (empty without ``--holdout``)"""
 
@@ -100,15 +100,14 @@ def pool_benches(folders: Sequence[str | Path], resamples: int = 10_000, seed: i
     paired = {f"B-{o}": {t: pooled_paired_difference([(_tier([r[o]], t), _tier([r["B"]], t)) for r in last], PASS, **kw)
                          for t in tiers} for o in ("A", "C") if o in arms}
     forgotten = sorted({t for r in runs for t in r.forgetting})
-    doc = PoolDoc(metrics_contract=first.metrics_contract, config=shared, runs=runs, main=main, paired=paired,
-                  mean_forgetting={t: fmean(r.forgetting.get(t, 0.0) for r in runs) for t in forgotten})
-    if first.holdout:
-        doc = doc.model_copy(update={
-            "holdout_scenarios": first.holdout.scenarios,
-            "holdout": {arm: metric_interval([e for h in held for e in h[arm]], PASS, **kw) for arm in held[0]},
-            "holdout_paired": {f"B-{o}": pooled_paired_difference([(h[o], h["B"]) for h in held], PASS, **kw)
-                               for o in ("A", "C") if o in held[0]}})
-    return doc
+    aside_arms = [a for a in held[0] if all(a in h for h in held)]
+    return PoolDoc(
+        metrics_contract=first.metrics_contract, config=shared, runs=runs, main=main, paired=paired,
+        mean_forgetting={t: fmean(r.forgetting.get(t, 0.0) for r in runs) for t in forgotten},
+        holdout_scenarios=first.holdout.scenarios if first.holdout else [],
+        holdout={arm: metric_interval([e for h in held for e in h[arm]], PASS, **kw) for arm in aside_arms},
+        holdout_paired={f"B-{o}": pooled_paired_difference([(h[o], h["B"]) for h in held], PASS, **kw)
+                        for o in ("A", "C") if o in aside_arms})
 
 
 def write_pool(doc: PoolDoc, out: str | Path) -> None:

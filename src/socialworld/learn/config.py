@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-PairSource = Literal["action", "reference", "dialogue", "utterance", "judge"]
+PairSource = Literal["action", "reference", "repeat", "dialogue", "utterance", "judge"]
 """The pair sources (:data:`socialworld.learn.pairs.sources.SOURCES`), by name."""
 
 from socialworld.agents.models import TRACKS, parse_model_spec
@@ -31,7 +31,8 @@ class PairBuild:
     q_margin: float = field(default=0.05, metadata={"check": at_least(0), "help": "dialogue track: least q_t gap"})
     sources: tuple[PairSource, ...] = field(default=("action", "dialogue", "utterance", "judge"), metadata={
         "help": "the pair sources, built in this order whatever the list's: action (counterfactual steps of each wake "
-                "episode), reference (of each reference episode), dialogue (a wake episode's words against its reference "
+                "episode), reference (of each reference episode), repeat (one state of each reference episode after its previous "
+                "move made again: the label where a student would loop), dialogue (a wake episode's words against its reference "
                 "episode's), utterance (the policy's words against the template's for the same action), judge (two "
                 "episodes an LM judge ranked; only with --judge)"})
     seed: int = field(default=0, metadata={"check": at_least(0), "help": "seed of the continuation reseeds"})
