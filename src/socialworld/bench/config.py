@@ -17,11 +17,14 @@ from socialworld.rollout.config import RAY_HELP, check_judge, check_ray
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-RECIPE_SLEEP = SleepConfig(sources=("action", "reference", "dialogue", "utterance", "judge"), reference_chosen="own",
+RECIPE_SLEEP = SleepConfig(sources=("action", "reference", "repeat", "dialogue", "utterance", "judge"),
+                           reference_chosen="own",
                            wake_chosen="label", replay=0.5,
                            discount=0.9, rollouts=4, template_cap=24)
 """The sleep that teaches (DAgger): the expert's own actions at its states on training seeds, the
-expert's label at every state of the policy's wake where it disagrees, and earlier cycles' pairs
+expert's label at every state of the policy's wake where it disagrees, the expert's label one repeated
+move off each reference episode's path (against the move made again: the loop a greedy student falls
+into), and earlier cycles' pairs
 replayed (up to half as many as this cycle's: no forgetting, without drowning the new tier). The
 label is the only target (``values`` off: the imagined values contradicted themselves,
 docs/experiments/2026-11-27-labels-not-values.md); 4 discounted expert continuations per candidate
