@@ -92,9 +92,32 @@ class ActionRec(_Rec):
     a usable action"""
 
 
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+VoiceStatus = Literal["voiced", "cut", "leak", "empty", "not_text", "failed"]
+"""what became of one voiced NPC line (:mod:`socialworld.world.voice`): ``voiced`` and ``cut`` reach the
+agent in the voice's words; ``leak``, ``empty``, ``not_text`` and ``failed`` reach it as the template line"""
+
+
+class ReplyVoice(_Rec):
+    """How an NPC line was voiced (:mod:`socialworld.world.voice`); absent under the templates."""
+
+    status: VoiceStatus
+    """``voiced``/``cut``: the agent heard the voice's words; otherwise it heard the template line"""
+    template: str
+    """the line the rules wrote"""
+    prompt_hash: str
+    detail: str = ""
+
+
 class Reply(_Rec):
     speaker: str
     text: str
+    """what the agent heard"""
+    voice: ReplyVoice | None = Field(default=None, exclude_if=_absent)
+    """set only where a voice spoke (records of template runs are as before)"""
 
 
 class DialogueRec(_Rec):
@@ -204,6 +227,14 @@ class Diagnostics(_Rec):
     primary_failure: str | None
 
 
+class VoiceInfo(_Rec):
+    """The voice that wrote a voiced episode's NPC lines."""
+
+    model: str
+    prompt_version: str
+    decoding: dict[str, Any]
+
+
 class Lineage(_Rec):
     framework_version: str
     spec_hash: str
@@ -212,6 +243,8 @@ class Lineage(_Rec):
     run_seed: int | None = None
     chain: dict[str, Any] | None = None
     """episode chains only: chain id, position, memory mode and the carry-over applied to the cast"""
+    voice: VoiceInfo | None = Field(default=None, exclude_if=_absent)
+    """the NPC voice of a voiced episode (absent under the templates)"""
 
 
 class EpisodeRecord(_Rec):

@@ -7,11 +7,13 @@ effect, the way PettingZoo ships its conformance tests.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 from socialworld.core import Action, Decision, MentalState, Observation
 from socialworld.world.engine import World
 from socialworld.world.spec import ScenarioSpec, parse_spec
+from socialworld.world.voice import VoiceReply, VoiceRequest
 
 
 def tiny_spec_data(**overrides) -> dict:
@@ -94,6 +96,28 @@ class FixedPolicy:
                 out.append(Decision(a, self.mental_state, raw=raw))
             except ValueError as err:
                 out.append(Decision(None, None, raw=raw, parse_error=str(err)))
+        return out
+
+
+@dataclass
+class ScriptedVoice:
+    """An NPC voice (:class:`~socialworld.world.voice.Voice`) from a function of each request: ``words(req)``
+    is the line; an exception it raises stands for a failed call (its message becomes the reply's error).
+    ``requests`` keeps every request it was asked, in order."""
+
+    words: Callable[[VoiceRequest], str]
+    voice_id: str = "scripted"
+    decoding: dict[str, Any] = field(default_factory=lambda: {"strategy": "scripted"})
+    requests: list[VoiceRequest] = field(default_factory=list)
+
+    def speak(self, requests: Sequence[VoiceRequest]) -> list[VoiceReply]:
+        out = []
+        for r in requests:
+            self.requests.append(r)
+            try:
+                out.append(VoiceReply(self.words(r), prompt_hash="scripted"))
+            except Exception as err:  # noqa: BLE001 -- a failed call, recorded as the reply's error
+                out.append(VoiceReply("", prompt_hash="scripted", error=str(err)))
         return out
 
 

@@ -259,7 +259,7 @@ def test_bad_options_fail_in_one_line_before_any_work(args, says, tmp_path, monk
     (["loop", "--unlock", "bogus"], "Invalid value for '--unlock'"),
     (["loop", "--gating", "bogus"], "Invalid value for '--gating'"),
     (["loop", "--reference-chosen", "bogus"], "Invalid value for '--reference-chosen'"),
-    (["loop", "--sources", "action,bogus"], "--sources: 'bogus' is not one of action, reference, repeat, dialogue, utterance, judge"),
+    (["loop", "--sources", "action,bogus"], "--sources: 'bogus' is not one of action, reference, dialogue, utterance, judge"),
     (["loop", "--sources", "action,action"], "sources: must name each pair source once"),
     (["bench", "--preset", "bogus"], "Invalid value for '--preset'"),
     (["bench", "--suite", "bogus"], "Invalid value for '--suite'"),
@@ -370,7 +370,8 @@ def _other_value(leaf):
     special = {"tiers": (["L0", "L1"], ["L0,L1"]), "tracks": (["action"], ["action"]), "scenarios": (["team_lunch"], ["team_lunch"]),
                "holdout": (["team_lunch"], ["team_lunch"]), "target_modules": (["q_proj", "up_proj"], ["q_proj,up_proj"]),
                "sources": (["action", "reference"], ["action,reference"]), "model": ("bundled", ["bundled"]),
-               "reuse_from": ("", [""]), "ray": ("", [""]), "judge": ("", [""]), "proxy": ("expert", ["expert"])}
+               "reuse_from": ("", [""]), "ray": ("", [""]), "judge": ("", [""]), "proxy": ("expert", ["expert"]),
+               "npc_voice": ("openai:m@http://127.0.0.1:9/v1", ["openai:m@http://127.0.0.1:9/v1"])}
     if leaf.name in special:
         return special[leaf.name]
     d = leaf.default

@@ -404,6 +404,28 @@ def test_a_loop_with_a_judge_keeps_its_pairs_out_of_the_action_track(tiny_dir, t
     assert not any("judged" in m for m in logs)  # resumed: the judgement is not redone
 
 
+def test_a_loop_with_an_npc_voice_voices_its_wake_and_evaluations_only(tiny_dir, tmp_path):
+    """``--npc-voice``: the wake and every evaluation hear the voice (each reply records its fate), the
+    reference episodes keep the templates' lines, and the run's config records the voice."""
+    import yaml
+
+    from socialworld.records import read_jsonl
+
+    cfg = replace(_cfg(tiny_dir, tmp_path / "v"), cycles=1, npc_voice=str(tiny_dir))
+    run_loop(cfg, log=lambda _: None)
+    d = tmp_path / "v"
+    for rel in ("cycle-0/eval/episodes.jsonl", "cycle-1/eval/episodes.jsonl", "cycle-1/wake/episodes.jsonl"):
+        eps = read_jsonl(d / rel)
+        replies = [r for e in eps for s in e.steps for r in s.dialogue.replies if r.speaker != "world"]
+        assert replies and all(r.voice is not None for r in replies), rel
+        assert all(e.lineage.voice.model == str(tiny_dir) for e in eps), rel
+    ref = read_jsonl(d / "cycle-1" / "wake" / "reference.jsonl")
+    assert all(e.lineage.voice is None and all(r.voice is None for s in e.steps for r in s.dialogue.replies) for e in ref)
+    assert yaml.safe_load((d / "config.yaml").read_text())["npc_voice"] == str(tiny_dir)
+    with pytest.raises(ValueError, match="npc_voice"):
+        replace(cfg, npc_voice="oracle")
+
+
 _KILL_ARGS = ["--cycles", "2", "--tiers", "L0", "--train-episodes", "1", "--eval-episodes", "1", "--lm-batch-size", "4",
               "--rollouts", "1", "--horizon", "3", "--max-candidates", "4", "--quality-threshold", "0",
               "--method", "dpo", "--steps", "1", "--batch-size", "2", "--max-length", "1024"]

@@ -2,7 +2,6 @@
 refused where this code cannot continue the run."""
 
 import copy
-from dataclasses import replace
 
 import pytest
 import yaml
@@ -33,8 +32,7 @@ def as_v1(doc, switches, drop=("sleep.values", "train.dtype", "judge", "metrics_
 
 
 def test_a_v1_loop_config_reads_as_the_v2_record_of_the_same_run(tmp_path):
-    v1_recipe = replace(RECIPE_SLEEP, sources=tuple(s for s in RECIPE_SLEEP.sources if s != "repeat"))  # v1 had no repeat
-    for name, sleep in (("default", SleepConfig()), ("recipe", v1_recipe)):
+    for name, sleep in (("default", SleepConfig()), ("recipe", RECIPE_SLEEP)):
         cfg = LoopConfig(out=str(tmp_path / name), sleep=sleep)
         doc = config_doc(cfg, {}) | {"metrics_contract": "metrics-v1", "pair_schema": "pair-v1"}  # what v1 files lacked
         doc["train"]["dtype"] = "float32"  # v1 trained in float32: its file lacks the field, v2's default is auto
@@ -99,3 +97,11 @@ def test_reuse_from_a_run_of_another_metrics_contract_is_refused(tmp_path):
     mine = LoopConfig(out=str(tmp_path / "new"), reuse_from=str(src.root))
     with pytest.raises(ContractMismatch, match="scored under metrics-v1"):
         _reusable(mine, config_doc(mine, {}))
+
+
+def test_a_v3_config_reads_as_v4_with_the_templates_voice():
+    for cfg in (LoopConfig(), BenchConfig()):
+        doc = config_doc(cfg, {})
+        assert doc["config_version"] == CONFIG_VERSION == "run-config-v4" and doc["npc_voice"] == "template"
+        v3 = {k: v for k, v in doc.items() if k != "npc_voice"} | {"config_version": "run-config-v3"}
+        assert migrate(v3) == doc

@@ -62,3 +62,34 @@ def test_a_pooled_difference_pairs_within_each_run_and_bootstraps_all_of_them(ex
     assert iv.excludes_zero() and iv.lo < one.lo  # the second run's zeros pull the interval down
     with pytest.raises(ValueError, match="same episodes"):  # a run's unmatched episodes are an error, as unpooled
         pooled_paired_difference([(random_eps, expert_eps), (random_eps[1:], expert_eps)], "D")
+
+
+def test_kappa_rho_and_ranks_against_hand_computed_values():
+    import math
+
+    from socialworld.metrics.stats import cohen_kappa, ranks, spearman
+
+    # p_o = 3/4; p_a = 1/2, p_b = 1/4; p_e = 1/2 * 1/4 + 1/2 * 3/4 = 1/2; kappa = (3/4 - 1/2) / (1/2)
+    assert cohen_kappa([True, True, False, False], [True, False, False, False]) == pytest.approx(0.5)
+    assert cohen_kappa([True, False], [False, True]) == pytest.approx(-1.0)
+    assert cohen_kappa([True, True], [True, True]) is None  # p_e = 1: undefined, not 0 and not 1
+    assert list(ranks([3, 1, 3, 2])) == [3.5, 1.0, 3.5, 2.0]
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(1 - 6 * 2 / (4 * 15))  # no ties: 1 - 6 sum d^2 / n(n^2-1)
+    # ties: ranks x = (1.5, 1.5, 3), y = (1, 2, 3); cov 1/2, var x 1/2, var y 2/3
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.5 / math.sqrt(0.5 * 2 / 3))
+    assert spearman([5, 5, 5], [1, 2, 3]) is None
+    with pytest.raises(ValueError):
+        cohen_kappa([True], [True, False])
+
+
+def test_a_bootstrapped_statistic_leaves_out_undefined_resamples():
+    import numpy as np
+
+    from socialworld.metrics.stats import bootstrap_statistic, cohen_kappa
+
+    a = np.array([True, True, False, False, True, False])
+    b = np.array([True, False, False, False, True, True])
+    i = bootstrap_statistic(len(a), lambda ix: cohen_kappa(a[ix], b[ix]), resamples=500, seed=3)
+    assert i.mean == pytest.approx(cohen_kappa(a, b)) and i.lo <= i.mean <= i.hi and 0 < i.resamples < 500  # some all-equal draws
+    assert i == bootstrap_statistic(len(a), lambda ix: cohen_kappa(a[ix], b[ix]), resamples=500, seed=3)  # seeded
+    assert bootstrap_statistic(3, lambda ix: None) is None

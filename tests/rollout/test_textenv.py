@@ -89,3 +89,22 @@ def test_a_restored_episode_has_no_outcome_and_bad_options_are_named(specs):
         back.step("ACTION: wait()")
     with pytest.raises(ValueError, match="chat must be state or episode"):
         TextEpisode(spec, 0, chat="growing")
+
+
+def test_a_voiced_text_episode_shows_the_voices_words_and_scores_as_the_templates(specs):
+    from socialworld.testing import ScriptedVoice
+
+    spec = specs["team_lunch-v1"]
+    plain, voiced = TextEpisode(spec, 3, mode="render"), TextEpisode(spec, 3, mode="render",
+                                                                      voice=ScriptedVoice(lambda r: "Mm, let me think."))
+    said = []
+    while not plain.world.done:
+        reply = plain.expert_reply()
+        assert voiced.expert_reply() == reply  # the expert never reads the words
+        a, b = plain.step(reply), voiced.step(reply)
+        assert a[:2] == b[:2] and a[2]["subgoals"] == b[2]["subgoals"]
+        said += [r["text"] for r in b[2]["replies"] if r["speaker"] != "world"]
+        if not voiced.world.done and said:
+            assert "Mm, let me think." in voiced.observe()[0]  # the render shows what was said
+    assert said and set(said) == {"Mm, let me think."}
+    assert voiced.record().metrics == plain.record().metrics and voiced.record().lineage.voice.model == "scripted"

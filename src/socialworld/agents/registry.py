@@ -83,3 +83,32 @@ def make_lm_policy(spec: str, *, max_new_tokens: int = 64, batch_size: int = 16,
         return LMPolicy(local, base_model=ms.display, decoding="free" if decoding == "free" else "constrained",
                         adapter_hash=digest, adapters=tracks)
     raise ValueError(f"{spec!r} is a scripted policy, not a language model")
+
+
+NPC_VOICE_TEMPLATE = "template"
+"""the ``npc_voice`` value that keeps the templates' lines (the default)"""
+
+
+def check_voice(spec: str, loads: bool = False) -> None:
+    """A config's ``npc_voice``: ``template`` or a language-model spec; raises ``ValueError`` before any work.
+    ``loads``: a model folder or hub id must also load (:func:`~socialworld.agents.models.check_loads`)."""
+    if spec == NPC_VOICE_TEMPLATE:
+        return
+    if parse_model_spec(spec).kind == "scripted":
+        raise ValueError(f"the NPC voice must be 'template' or a language model spec, not the scripted policy {spec!r}")
+    if loads:
+        from socialworld.agents.models import check_loads
+
+        check_loads(spec, "--npc-voice")
+
+
+def make_voice(spec: str, *, batch_size: int = 16, dtype: str = "auto", timeout_s: float = 60.0):
+    """The NPC voice of a spec (:mod:`socialworld.world.voice`): None for ``template``, else an
+    :class:`~socialworld.agents.lm.voice.LMVoice` over the model's text backend (``bundled``, a local folder,
+    ``openai:<model>@<url>``)."""
+    check_voice(spec)
+    if spec == NPC_VOICE_TEMPLATE:
+        return None
+    from socialworld.agents.lm.voice import VOICE_MAX_NEW_TOKENS, LMVoice
+
+    return LMVoice(make_backend(spec, max_new_tokens=VOICE_MAX_NEW_TOKENS, batch_size=batch_size, dtype=dtype, timeout_s=timeout_s))

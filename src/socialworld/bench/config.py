@@ -8,23 +8,21 @@ from pathlib import Path
 from typing import Literal
 
 from socialworld.agents.models import parse_model_spec
+from socialworld.agents.registry import NPC_VOICE_TEMPLATE, check_voice
 from socialworld.config import SHARE, FieldError, at_least, check_fields
 from socialworld.layout import BENCH_LOOP
 from socialworld.learn.config import LoopConfig, SleepConfig, TrainConfig
 from socialworld.metrics.lifelong import TIERS
-from socialworld.rollout.config import RAY_HELP, check_judge, check_ray
+from socialworld.rollout.config import NPC_VOICE_HELP, RAY_HELP, check_judge, check_ray
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-RECIPE_SLEEP = SleepConfig(sources=("action", "reference", "repeat", "dialogue", "utterance", "judge"),
-                           reference_chosen="own",
+RECIPE_SLEEP = SleepConfig(sources=("action", "reference", "dialogue", "utterance", "judge"), reference_chosen="own",
                            wake_chosen="label", replay=0.5,
                            discount=0.9, rollouts=4, template_cap=24)
 """The sleep that teaches (DAgger): the expert's own actions at its states on training seeds, the
-expert's label at every state of the policy's wake where it disagrees, the expert's label one repeated
-move off each reference episode's path (against the move made again: the loop a greedy student falls
-into), and earlier cycles' pairs
+expert's label at every state of the policy's wake where it disagrees, and earlier cycles' pairs
 replayed (up to half as many as this cycle's: no forgetting, without drowning the new tier). The
 label is the only target (``values`` off: the imagined values contradicted themselves,
 docs/experiments/2026-11-27-labels-not-values.md); 4 discounted expert continuations per candidate
@@ -125,6 +123,7 @@ class BenchConfig:
         "an LM judge's model spec (off when empty): scores every arm's last-cycle episodes 0-10 on goal and "
         "believability, reported beside the rule metrics (source proxy), and ranks pairs in B's sleep (kept out of "
         "the action track by strict gating)")})
+    npc_voice: str = field(default="template", metadata={"help": NPC_VOICE_HELP + " (every arm's evaluation and B's wake hear it)"})
     ray: str = field(default="", metadata={"help": RAY_HELP + "; the sleep phase's scoring, the scripted arms' rollouts and a "
                                                                "suite's variants (the run folder must be on storage every node sees)"})
 
@@ -132,6 +131,12 @@ class BenchConfig:
         check_fields(self)
         check_ray(self.ray)
         check_judge(self.judge)
+        try:
+            check_voice(self.npc_voice)
+        except ValueError as err:
+            raise FieldError("npc_voice", str(err)) from None
+        if self.ray and self.npc_voice != NPC_VOICE_TEMPLATE:
+            raise FieldError("npc_voice", "a voice speaks in this process: run it without {ray}", related=("ray",))
         ms = parse_model_spec(self.model)  # before the run folder holds a typo
         if ms.kind not in ("bundled", "hf") or ms.adapters:
             raise FieldError("model", "must be bundled or a model folder without adapters (arms A and B train a local model), "
@@ -151,5 +156,6 @@ class BenchConfig:
                           eval_episodes=p.eval_episodes, seed=self.seed,
                           lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock, holdout=self.holdout,
                           adaptive_threshold=self.adaptive_threshold, scenarios=self.scenario_names(), max_turns=p.max_turns,
-                          sleep=p.sleep, train=p.train, dialogue_steps=p.dialogue_steps, ray=self.ray, judge=self.judge)
+                          sleep=p.sleep, train=p.train, dialogue_steps=p.dialogue_steps, ray=self.ray, judge=self.judge,
+                          npc_voice=self.npc_voice)
         return replace(base, **over)

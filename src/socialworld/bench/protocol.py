@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 from socialworld.agents.lm.backends import EndpointFailure
 from socialworld.agents.models import SCRIPTED
+from socialworld.agents.registry import make_voice
 from socialworld.bench.config import PRESETS, BenchConfig
 from socialworld.bench.document import (
     ArmDiagnostics,
@@ -123,13 +124,14 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
     run.write_config(config_doc(recorded(cfg, scenarios), scenarios.user), read=read_resumed)
     summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
     jobs = eval_jobs(cfg, scenarios)
+    voice = make_voice(cfg.npc_voice, batch_size=cfg.lm_batch_size)
     for arm, spec in arm_policies(cfg).items():
         rel = f"arms/{arm}/episodes.jsonl"
 
         def evaluate_arm(p: Path, spec: str = spec, arm: str = arm) -> None:
             tick = progress(f"arm {arm} ({spec})", len(jobs)) if progress else None
             lm = {} if spec in SCRIPTED else {"batch_size": cfg.lm_batch_size}
-            eps = rollouts(spec, jobs, ray=cfg.ray, seed=cfg.seed, tick=tick, **lm)
+            eps = rollouts(spec, jobs, ray=cfg.ray, seed=cfg.seed, tick=tick, voice=voice, **lm)
             failed = aggregate(eps).endpoint_failure_rate
             if failed > cfg.max_endpoint_failures:  # a dead endpoint's scores would only measure the endpoint
                 kept = p.parent.parent / "failed-episodes.jsonl"  # p is inside the artifact's temporary folder

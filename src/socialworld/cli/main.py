@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
+from socialworld.agents.registry import check_voice
 from socialworld.bench.config import BenchConfig
 from socialworld.cli.console import Table, console, quiet_libraries, run_log, say, show
 from socialworld.cli.options import App, config_command, fail, require
@@ -21,7 +22,7 @@ from socialworld.config import SHARE, at_least, within
 from socialworld.learn.config import LoopConfig
 from socialworld.learn.runconfig import RECORDED_KEYS, read_as_claimed
 from socialworld.metric_registry import CR, KEYS, METRICS, PASS, SOLVE, D
-from socialworld.rollout.config import EvalConfig, help_for
+from socialworld.rollout.config import AuditConfig, EvalConfig, help_for
 from socialworld.swm.config import ChainConfig, ForeseeConfig, TomConfig
 from socialworld.text.templates import JUDGE_DIMENSIONS
 from socialworld.world.spec import ScenarioError, load_builtin_scenarios, resolve_scenarios
@@ -90,15 +91,17 @@ def play(
     policy: str = typer.Option("expert", help=H("policy")),
     adapters: str = typer.Option("", help=ADAPTERS_HELP),
     seed: int = typer.Option(0, help=f"episode seed ({SEED})"),
+    npc_voice: str = typer.Option("template", help=H("npc_voice")),
 ) -> None:
     """Play one episode and print it readably: the five dimensions per step, replies, signals."""
     try:
         require("--seed", seed, SEED)
         policy = _policy_spec(policy, adapters)
+        check_voice(npc_voice, loads=True)
         spec = resolve_scenarios([scenario])[0]
         from socialworld.rollout.play import play_episode
 
-        play_episode(spec, policy, seed, console)
+        play_episode(spec, policy, seed, console, npc_voice)
     except (ScenarioError, ValueError, OSError) as err:
         fail(str(err))
 
@@ -154,11 +157,50 @@ def _run_eval(cfg, adapters: str = "", as_json: bool = False) -> None:
             t.add_row(key, str(j["episodes"]), str(j["judged"]), str(j["endpoint_failures"]), str(j["unparseable"]),
                       *("-" if j["means"][dim] is None else f"{j['means'][dim]:.2f}" for dim in JUDGE_DIMENSIONS))
         console.print(t)
+    if summary.voice is not None:
+        v = summary.voice
+        t = Table(title=escape(f"NPC voice {v.model}: {v.lines} lines, {v.heard:.0%} heard in its words (the rest as the template's)"))
+        for status in v.by_status:
+            t.add_column(status, justify="right")
+        t.add_row(*(str(n) for n in v.by_status.values()))
+        console.print(t)
     d = cfg.out_dir()
     say(f"records: {d}/episodes.jsonl, {d}/episodes.parquet{f', {d}/judge.jsonl' if cfg.judge else ''}; summary: {d}/metrics.json")
 
 
 config_command(app, "eval", EvalConfig, _run_eval, aliases={"scenarios": "--scenario"}, extra=[_ADAPTERS, _JSON])
+
+
+def _run_audit(cfg) -> None:
+    """Judge a pool of episodes whose outcomes the world knows and set the judge's scores against the rules:
+    Cohen's kappa on pass, Spearman's rho with CR and D, pairwise ranking agreement, per tier (and template vs
+    voiced), with bootstrap intervals; failures counted apart. Writes pool.jsonl, judge.jsonl, audit.json, audit.md."""
+    from socialworld.rollout.audit import pool_turns, run_audit
+    from socialworld.rollout.runner import per_turn
+
+    try:
+        with bars() as progress:
+            turns = pool_turns(cfg)
+            doc = run_audit(cfg, on_steps=per_turn(progress("judge-audit pool (turns)", turns)) if turns else None)
+    except (ScenarioError, ValueError, OSError) as err:
+        fail(str(err))
+        return
+
+    def cell(i) -> str:
+        return "-" if i is None else f"{i['mean']:+.2f} [{i['lo']:+.2f}, {i['hi']:+.2f}]"
+
+    t = Table(title=escape(f"judge {doc.judge} ({doc.prompt_version}) against the rules; pass at goal >= {doc.pass_score}"))
+    for c in ("group", "episodes", "judged", "failed", "kappa (pass)", "rho (goal, CR)", "rho (goal, D)", "pairs",
+              "pairwise agreement", "judge ties"):
+        t.add_column(c, justify="left" if c == "group" else "right")
+    for r in doc.rows:
+        t.add_row(r.group, str(r.episodes), str(r.judged), f"{r.failures['endpoint']}+{r.failures['unparseable']}", cell(r.kappa),
+                  cell(r.rho_cr), cell(r.rho_d), str(r.pairs), cell(r.pairwise), str(r.judge_ties))
+    console.print(t)
+    say(f"pool {', '.join(f'{k} {v}' for k, v in doc.pool.items())}; written to {cfg.out}/audit.json, audit.md, pool.jsonl, judge.jsonl")
+
+
+config_command(app, "judge-audit", AuditConfig, _run_audit)
 
 
 @app.command()
@@ -580,6 +622,7 @@ def env_serve_cmd(
     scripted: bool = typer.Option(False, "--scripted", help=(
         "let a step ask the expert or the oracle for its reply (SocialAction scripted=expert|oracle): baselines "
         "through this server; the oracle reads hidden state, so never on a server a policy trains against")),
+    npc_voice: str = typer.Option("template", help=H("npc_voice")),
 ) -> None:
     """Serve the social world as an OpenEnv environment (pip install -e '.[openenv]'): OpenEnv's own
     server, one world per WebSocket session; reset(seed, scenario) and step(reply) from OpenEnv's
@@ -589,14 +632,18 @@ def env_serve_cmd(
         require("--max-sessions", max_sessions, COUNT)
         require("--max-turns", max_turns, SEED)
         specs = {s.id: s for s in resolve_scenarios(scenario or None)}
+        check_voice(npc_voice, loads=True)
         try:
             from socialworld.rollout.openenv import make_app
         except ImportError:
             raise ValueError("env serve needs OpenEnv: pip install -e '.[openenv]'") from None
         from socialworld.agents.lm.server import bind, server_for
+        from socialworld.agents.registry import make_voice
 
+        voice = make_voice(npc_voice)  # loaded before the port is bound: a model that cannot load fails first
         sock = bind(host, port)
-        app_ = make_app(specs, max_sessions=max_sessions, observation=observation, max_turns=max_turns, scripted=scripted)
+        app_ = make_app(specs, max_sessions=max_sessions, observation=observation, max_turns=max_turns, scripted=scripted,
+                        voice=voice)
         console.print(f"serving the social world ({len(specs)} scenarios) as an OpenEnv environment on "
                       f"http://{host}:{sock.getsockname()[1]} (WebSocket /ws)")
         server_for(app_, sock).run(sockets=[sock])

@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-PairSource = Literal["action", "reference", "repeat", "dialogue", "utterance", "judge"]
+PairSource = Literal["action", "reference", "dialogue", "utterance", "judge"]
 """The pair sources (:data:`socialworld.learn.pairs.sources.SOURCES`), by name."""
 
 from socialworld.agents.models import TRACKS, parse_model_spec
+from socialworld.agents.registry import check_voice
 from socialworld.config import SHARE, FieldError, above, at_least, check_fields, within
-from socialworld.rollout.config import RAY_HELP, check_judge, check_ray
+from socialworld.rollout.config import NPC_VOICE_HELP, RAY_HELP, check_judge, check_ray
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,7 @@ class PairBuild:
     q_margin: float = field(default=0.05, metadata={"check": at_least(0), "help": "dialogue track: least q_t gap"})
     sources: tuple[PairSource, ...] = field(default=("action", "dialogue", "utterance", "judge"), metadata={
         "help": "the pair sources, built in this order whatever the list's: action (counterfactual steps of each wake "
-                "episode), reference (of each reference episode), repeat (one state of each reference episode after its previous "
-                "move made again: the label where a student would loop), dialogue (a wake episode's words against its reference "
+                "episode), reference (of each reference episode), dialogue (a wake episode's words against its reference "
                 "episode's), utterance (the policy's words against the template's for the same action), judge (two "
                 "episodes an LM judge ranked; only with --judge)"})
     seed: int = field(default=0, metadata={"check": at_least(0), "help": "seed of the continuation reseeds"})
@@ -199,10 +199,16 @@ class LoopConfig:
         "an LM judge's model spec (off when empty): scores each cycle's wake and reference episodes (judge.jsonl); "
         "pairs ranked by its goal score join the candidates with proxy evidence, which strict gating keeps out of "
         "the action track")})
+    npc_voice: str = field(default="template", metadata={"help": NPC_VOICE_HELP + " (the wake and every evaluation hear it; "
+                                                                                  "the reference episodes keep the templates' lines)"})
     ray: str = field(default="", metadata={"help": RAY_HELP + " (how the run executes, not what it makes: not in config.yaml)"})
 
     def __post_init__(self) -> None:
         check_fields(self)
+        try:
+            check_voice(self.npc_voice)
+        except ValueError as err:
+            raise FieldError("npc_voice", str(err)) from None
         if not self.tracks:
             raise FieldError("tracks", f"must name at least one of {', '.join(TRACKS)}")
         check_ray(self.ray)

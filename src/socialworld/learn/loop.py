@@ -39,7 +39,7 @@ from pydantic import model_validator
 
 from socialworld.agents.lm.policy import SAY_TOKENS
 from socialworld.agents.models import TRACKS, check_loads, parse_model_spec
-from socialworld.agents.registry import make_policy
+from socialworld.agents.registry import check_voice, make_policy, make_voice
 from socialworld.layout import SCENARIO_STORE, CycleFiles, cycle_files
 from socialworld.learn.config import LoopConfig, PairBuild, SleepConfig, TrainConfig
 from socialworld.learn.listwise import PromptKV
@@ -64,6 +64,7 @@ from socialworld.text.templates import POLICY_PROMPT_VERSION
 from socialworld.world.rng import derive_seed
 from socialworld.world.spec import ScenarioError, ScenarioSpec, capped, spec_yaml
 from socialworld.world.variation import variant
+from socialworld.world.voice import Voice
 
 JUDGE_MAX_ENDPOINT_FAILURES = 0.2
 """the loop stops (and retries when rerun) when its judge's endpoint gave no reply on more than this share of episodes"""
@@ -121,7 +122,7 @@ def train_seeds(run_seed: int, scenario_id: str, cycle: int, n: int) -> list[int
 UNTRAINED = (cycle_files(0).eval, cycle_files(1).wake)
 """Artifacts made by the untrained policy alone: the same in every run of the same model and seeds.
 (The reference episodes are the expert's: cheap to remake, and their number is a knob.)"""
-EVAL_KEYS = ("model", "tiers", "scenarios", "user_scenarios", "holdout", "eval_episodes", "seed", "max_turns")
+EVAL_KEYS = ("model", "tiers", "scenarios", "user_scenarios", "holdout", "eval_episodes", "seed", "max_turns", "npc_voice")
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
 
 
@@ -223,10 +224,12 @@ class LoopRun:
     progress: Progress | None = None
     holdout: frozenset[str] = frozenset()
     """ids of the scenarios never trained on (:attr:`LoopConfig.holdout`), evaluated apart"""
+    voice: Voice | None = None
+    """the NPCs' voice the wake and every evaluation hear (:attr:`LoopConfig.npc_voice`; None: the templates)"""
 
     def rollout(self, policy, jobs: list[EpisodeJob], what: str) -> list[EpisodeRecord]:
         on_steps = per_turn(self.progress(f"{what} (turns)", turn_budget(jobs))) if self.progress else None
-        return run_episodes(policy, jobs, on_steps=on_steps)
+        return run_episodes(policy, jobs, on_steps=on_steps, voice=self.voice)
 
     def eval_jobs(self, tiers: Sequence[str]) -> list[EpisodeJob]:
         return [EpisodeJob(s, seed) for s in self.specs.values() if s.tier in tiers and s.id not in self.holdout
@@ -359,7 +362,8 @@ def start(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progres
     if reused is not None:
         _reuse(run, *reused)
     specs = {s.id: capped(s, cfg.max_turns) for s in scenarios.specs}
-    return LoopRun(cfg, run, specs, PromptKV(), log, progress, frozenset(holdout))
+    return LoopRun(cfg, run, specs, PromptKV(), log, progress, frozenset(holdout),
+                   make_voice(cfg.npc_voice, batch_size=cfg.lm_batch_size))
 
 
 def evaluate(loop: LoopRun, c: int, tiers: Sequence[str], adapters: dict[str, str] | None, what: str) -> list[EpisodeRecord]:
@@ -604,11 +608,12 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
 def check_model(cfg: LoopConfig) -> None:
     """Before any artifact: the model to train is there (its config loads: a typo in a hub id or a
     folder fails now) and has every module ``--target-modules`` names (built on the meta device);
-    a judge that is a model folder or hub id loads too."""
+    a judge or an NPC voice that is a model folder or hub id loads too."""
     check_loads(cfg.model, "--model")
     check_target_modules(_base_path(cfg), cfg.train.target_modules)
     if cfg.judge:
         check_loads(cfg.judge, "--judge")
+    check_voice(cfg.npc_voice, loads=True)
 
 
 def _base_path(cfg: LoopConfig) -> str:

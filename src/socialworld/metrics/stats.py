@@ -8,7 +8,7 @@ can be reproduced exactly.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -90,3 +90,59 @@ def _differences(a: Sequence[EpisodeRecord], b: Sequence[EpisodeRecord], key: st
                          f"only in a: {sorted(ka.keys() - kb.keys())[:3]}, only in b: {sorted(kb.keys() - ka.keys())[:3]}")
     require_contract([*a, *b])
     return [metric_value(kb[k], key) - metric_value(ka[k], key) for k in sorted(ka)]
+
+
+# ------------------------------------------------------------------ agreement of a judge with the rules
+
+
+def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> float | None:
+    """Cohen's kappa of two binary ratings of the same items: ``(p_o - p_e) / (1 - p_e)``, with p_o the
+    share of items they agree on and ``p_e = p_a p_b + (1 - p_a)(1 - p_b)`` (p_a, p_b: each side's share
+    of True) the agreement expected by chance. None where it is undefined (p_e = 1: both sides give one
+    and the same rating to every item)."""
+    x, y = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    if x.size == 0 or x.size != y.size:
+        raise ValueError(f"kappa needs two equally long non-empty ratings, got {x.size} and {y.size}")
+    pa, pb = x.mean(), y.mean()
+    pe = pa * pb + (1 - pa) * (1 - pb)
+    if pe >= 1:
+        return None
+    return float(((x == y).mean() - pe) / (1 - pe))
+
+
+def ranks(values: Sequence[float]) -> np.ndarray:
+    """1-based ranks, ties sharing the mean of the ranks they span (``[3, 1, 3] -> [2.5, 1, 2.5]``)."""
+    x = np.asarray(values, dtype=float)
+    order = np.argsort(x, kind="stable")
+    r = np.empty(x.size)
+    r[order] = np.arange(1, x.size + 1)
+    for v in np.unique(x):
+        tied = x == v
+        r[tied] = r[tied].mean()
+    return r
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rho: the Pearson correlation of :func:`ranks` of ``x`` and of ``y``. None where it is
+    undefined (one side constant)."""
+    rx, ry = ranks(x), ranks(y)
+    if rx.size != ry.size or rx.size < 2:
+        raise ValueError(f"rho needs two equally long ratings of at least two items, got {rx.size} and {ry.size}")
+    if rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def bootstrap_statistic(n: int, statistic: Callable[[np.ndarray], float | None], resamples: int = 2_000, level: float = 0.95, seed: int = 0) -> Interval | None:
+    """Percentile bootstrap of ``statistic(indices)`` over ``n`` items resampled with replacement (``mean``
+    is the statistic on all n items). A resample where the statistic is undefined (None) is left out, so
+    the interval's ``resamples`` counts those it rests on; None when it is undefined on all n items."""
+    whole = statistic(np.arange(n))
+    if whole is None:
+        return None
+    rng = np.random.default_rng(seed)
+    values = [v for v in (statistic(rng.integers(0, n, size=n)) for _ in range(resamples)) if v is not None]
+    if not values:
+        return Interval(float(whole), float("nan"), float("nan"), n, level, 0, seed)
+    lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(float(whole), float(lo), float(hi), n, level, len(values), seed)

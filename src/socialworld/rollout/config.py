@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from socialworld.agents.models import parse_model_spec
-from socialworld.config import SHARE, FieldError, above, at_least, check_fields
+from socialworld.agents.registry import NPC_VOICE_TEMPLATE, check_voice
+from socialworld.config import SHARE, FieldError, above, at_least, check_fields, within
 from socialworld.records import TMP_MARK
 
 RAY_HELP = ("run the parallel work as Ray tasks: '' (off: one process), 'local' (a local Ray on this machine's CPUs), "
@@ -26,6 +27,12 @@ def check_ray(address: str) -> None:
 
     if importlib.util.find_spec("ray") is None:
         raise ValueError(f"--ray {address}: Ray is not installed; pip install 'socialworld[scale]' (or drop --ray)")
+
+
+NPC_VOICE_HELP = (
+    "who words the NPCs' lines: template (the rules' own lines) or a model spec (bundled, a local folder, "
+    "openai:<model>@<url>) that rewrites each line from what it reveals; the rules decide every response either way, "
+    "and a voiced line that names what its template line does not is replaced by it and counted")
 
 
 def check_judge(judge: str) -> None:
@@ -68,6 +75,7 @@ class EvalConfig:
     request_timeout: float = field(default=180.0, metadata={"check": above(0), "help": (
         "openai: endpoints: the most seconds one request may take, from connecting to the reply's last byte (a CPU "
         "server batching a lockstep step's requests under load took more than a minute)")})
+    npc_voice: str = field(default="template", metadata={"help": NPC_VOICE_HELP})
     out: Path | None = field(
         default=None,
         metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json [default: runs/eval-<policy>-s<seed>, "
@@ -84,6 +92,12 @@ class EvalConfig:
         check_ray(self.ray)
         kind = parse_model_spec(self.policy).kind  # a typo (or adapters that are not there) fails now
         check_judge(self.judge)
+        try:
+            check_voice(self.npc_voice)
+        except ValueError as err:
+            raise FieldError("npc_voice", str(err)) from None
+        if self.ray and self.npc_voice != NPC_VOICE_TEMPLATE:
+            raise FieldError("npc_voice", "a voice speaks in this process: run it without {ray}", related=("ray",))
         if self.ray and kind not in ("scripted", "openai"):
             raise FieldError("policy", f"{self.policy!r} is a local model; {{ray}} spreads scripted and openai: policies only "
                              "(run it without it)", related=("ray",))
@@ -121,3 +135,39 @@ class EvalConfig:
 def help_for(cfg_type: Any, name: str) -> str:
     """The help of config field ``name`` (its ``metadata["help"]``)."""
     return cfg_type.__dataclass_fields__[name].metadata["help"]
+
+
+@dataclass
+class AuditConfig:
+    """Configuration of ``socialworld judge-audit`` (:mod:`socialworld.rollout.audit`); each field's help is the CLI's help."""
+
+    judge: str = field(default="", metadata={"help": "the LM judge's model spec (bundled, a local folder, openai:<model>@<url>)"})
+    episodes: tuple[str, ...] = field(default=(), metadata={"commas": False, "help": (
+        "episodes.jsonl files or folders holding one (an eval's --out), repeatable: the pool to judge; default: the "
+        "policies' episodes on the same seeds, played now")})
+    policies: tuple[str, ...] = field(default=("random", "expert", "oracle"), metadata={"help": (
+        "policies whose episodes make the pool (any policy spec; failures, partial and full successes)")})
+    tiers: tuple[str, ...] = field(default=("L0", "L1", "L2"), metadata={"help": "tiers of the pool's scenarios"})
+    per_scenario: int = field(default=2, metadata={"check": at_least(1), "help": "episodes per scenario and policy (the same seeds for every policy)"})
+    seed: int = field(default=0, metadata={"check": at_least(0), "help": "run seed: the pool's episode seeds and the bootstrap's"})
+    npc_voice: str = field(default="template", metadata={"help": (
+        "template, or a model spec: then every pool episode is played again with the NPCs' lines in its words, and "
+        "the audit has a row for each")})
+    pass_score: int = field(default=5, metadata={"check": within(0, 10), "help": "the judge's goal score (0-10) at or above which it passes an episode"})
+    resamples: int = field(default=2_000, metadata={"check": at_least(1), "help": "bootstrap resamples per interval"})
+    lm_batch_size: int = field(default=12, metadata={"check": at_least(1), "help": "language models: prompts per forward pass (or concurrent API calls)"})
+    request_timeout: float = field(default=180.0, metadata={"check": above(0), "help": "openai: endpoints: the most seconds one request may take"})
+    out: Path = field(default=Path("runs/judge-audit"), metadata={"help": "folder for pool.jsonl, judge.jsonl, audit.json and audit.md"})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        check_judge(self.judge)
+        try:
+            check_voice(self.npc_voice)
+        except ValueError as err:
+            raise FieldError("npc_voice", str(err)) from None
+        if self.episodes and self.npc_voice != NPC_VOICE_TEMPLATE:
+            raise FieldError("npc_voice", "voices the pool the audit plays; {episodes} are judged as they were played",
+                             related=("episodes",))
+        for p in self.policies:
+            parse_model_spec(p)  # a typo fails now

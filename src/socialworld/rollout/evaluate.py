@@ -7,7 +7,7 @@ from typing import Any, Callable, Final, Literal
 
 from socialworld.agents.lm.backends import EndpointFailure
 from socialworld.agents.models import SCRIPTED, check_loads
-from socialworld.agents.registry import make_policy
+from socialworld.agents.registry import check_voice, make_policy, make_voice
 from socialworld.metrics.core import METRICS_CONTRACT, Aggregate, aggregate, group_by
 from socialworld.records import Document, EpisodeRecord, JudgeRec, atomic_write_text, write_jsonl, write_parquet
 from socialworld.rollout.config import EvalConfig
@@ -16,6 +16,7 @@ from socialworld.rollout.runner import EpisodeJob, run_episodes
 from socialworld.rollout.scale import ray_init, rollouts
 from socialworld.world.rng import derive_seed
 from socialworld.world.spec import resolve_scenarios
+from socialworld.world.voice import KEPT, VOICE_STATUSES
 
 
 def episode_seeds(run_seed: int, scenario_id: str, n: int) -> list[int]:
@@ -39,6 +40,28 @@ class JudgeSummaries(Document):
     by_tier: dict[str, dict[str, Any]]
 
 
+class VoiceCounts(Document):
+    """What became of the NPC lines of voiced episodes (:mod:`socialworld.world.voice`): each status's
+    count; ``heard`` is the share of lines the agent heard in the voice's words."""
+
+    model: str
+    lines: int
+    by_status: dict[str, int]
+    heard: float
+
+
+def voice_counts(episodes: list[EpisodeRecord]) -> VoiceCounts | None:
+    """The :class:`VoiceCounts` of ``episodes`` (None when none was voiced)."""
+    voiced = [e for e in episodes if e.lineage.voice is not None]
+    if not voiced:
+        return None
+    statuses = [r.voice.status for e in voiced for s in e.steps for r in s.dialogue.replies if r.voice is not None]
+    by: dict[str, int] = {k: statuses.count(k) for k in VOICE_STATUSES}
+    models = sorted({e.lineage.voice.model for e in voiced if e.lineage.voice is not None})
+    return VoiceCounts(model=", ".join(models), lines=len(statuses), by_status=by,
+                       heard=sum(by[k] for k in KEPT) / len(statuses) if statuses else 0.0)
+
+
 class EvalSummary(Document):
     """``metrics.json`` (and ``eval --json``): a policy's scores by tier and by scenario.
     v1 (no ``schema_version``; before the metric registry) held each aggregate flat; it reads as v2
@@ -51,6 +74,8 @@ class EvalSummary(Document):
     by_tier: dict[str, Aggregate]
     by_scenario: dict[str, TierScores]
     judge: JudgeSummaries | None = None
+    voice: VoiceCounts | None = None
+    """what became of the NPC lines of voiced episodes (None under the templates)"""
 
 
 @dataclass(frozen=True)
@@ -72,7 +97,7 @@ class EvalResult:
                                    by_tier={t: summarise([r for r in self.judged if tier[r.episode_id] == t]).as_dict()
                                             for t in sorted(set(tier.values()))})
         return EvalSummary(policy=self.policy, metrics_contract=METRICS_CONTRACT, episodes=len(self.episodes),
-                           by_tier=by_tier, by_scenario=by_scenario, judge=judge)
+                           by_tier=by_tier, by_scenario=by_scenario, judge=judge, voice=voice_counts(self.episodes))
 
 
 def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None = None,
@@ -92,13 +117,16 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
         lm["decoding"] = getattr(policy, "decoding", cfg.decoding)
     if cfg.judge:
         check_loads(cfg.judge, "--judge")  # the judge is built after the rollouts: its typo fails now
+    check_voice(cfg.npc_voice, loads=True)
     out = cfg.check_out()  # before any episode: nothing run is lost to an unwritable or occupied folder
     if cfg.ray:
         ray_init(cfg.ray)
     if cfg.ray:  # the same records, one episode per Ray task
         eps = rollouts(cfg.policy, jobs, ray=cfg.ray, seed=cfg.seed, run_seed=cfg.seed, tick=on_episode, **lm)
     else:
-        eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed, on_steps=on_steps)
+        voice = make_voice(cfg.npc_voice, batch_size=cfg.lm_batch_size, timeout_s=cfg.request_timeout)
+        eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed, on_steps=on_steps,
+                           voice=voice)
     write_jsonl(out / "episodes.jsonl", eps)
     write_parquet(out / "episodes.parquet", eps)
     for stale in ("metrics.json", "judge.jsonl"):  # an earlier evaluation's (--overwrite) are not these records'

@@ -14,6 +14,9 @@ says so to a linter. :class:`SocialWorldEnv` also takes a scenario YAML path of 
 * **Action**: text in the policy's reply format (``BELIEF: …`` / ``ACTION: <action>`` / ``SAY: …``;
   only ``ACTION`` is required), parsed strictly (:func:`socialworld.agents.lm.prompts.parse_output`).
   Unparseable or illegal text is the world's own case: recorded, penalised, executed as ``wait()``.
+* **NPC voices**: ``npc_voice="bundled"`` (any model spec; default ``template``) words the NPCs' lines
+  while the rules decide every response (:mod:`socialworld.world.voice`); the words reach the
+  ``render`` observation and ``info["replies"]``, the prompt observation shows the state only.
 * **Reward**: the world's step reward (Phi gain minus the step's penalty, contract §5.1).
 * **terminated** at ``end()`` or the turn budget (the budget is part of the task, not a time
   limit); ``truncated`` is always False.
@@ -40,6 +43,7 @@ from typing import Any, Literal
 import gymnasium
 from gymnasium import spaces
 
+from socialworld.agents.registry import make_voice
 from socialworld.records import EpisodeRecord
 from socialworld.rollout.textenv import ChatMode, TextEpisode
 from socialworld.world.engine import World
@@ -75,7 +79,7 @@ class SocialWorldEnv(gymnasium.Env):
     """``ansi``: ``render()`` returns the world's full text render; one frame per step"""
 
     def __init__(self, scenario: str | ScenarioSpec = "team_lunch-v1", observation: Literal["prompt", "render"] = "prompt",
-                 max_turns: int = 0, render_mode: str | None = None, chat: ChatMode = "state"):
+                 max_turns: int = 0, render_mode: str | None = None, chat: ChatMode = "state", npc_voice: str = "template"):
         if observation not in ("prompt", "render"):
             raise ValueError(f"observation must be prompt or render, got {observation!r}")
         if chat not in ("state", "episode"):
@@ -92,6 +96,8 @@ class SocialWorldEnv(gymnasium.Env):
         self.action_space = AnyText()
         self.episode: TextEpisode | None = None
         """the current episode (None before the first reset)"""
+        self.voice = make_voice(npc_voice)
+        """the NPCs' voice (``npc_voice``: template, or a model spec; :mod:`socialworld.world.voice`)"""
 
     @property
     def world(self) -> World | None:
@@ -103,7 +109,7 @@ class SocialWorldEnv(gymnasium.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         episode_seed = seed if seed is not None else int(self.np_random.integers(0, 2**63 - 1))
-        self.episode = TextEpisode(self.scenario, episode_seed, self.observation, self.chat)
+        self.episode = TextEpisode(self.scenario, episode_seed, self.observation, self.chat, voice=self.voice)
         return self._observe()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -135,7 +141,7 @@ class SocialWorldEnv(gymnasium.Env):
         """Put back a state from :meth:`snapshot`; returns its observation and info, as ``reset`` does
         (the restored episode has no record and its end no ``outcome``: the steps before the
         snapshot are not in it)."""
-        self.episode = TextEpisode.restored(snapshot, self.scenario, self.observation, self.chat)
+        self.episode = TextEpisode.restored(snapshot, self.scenario, self.observation, self.chat, voice=self.voice)
         return self._observe()
 
     # ------------------------------------------------------------------ internals

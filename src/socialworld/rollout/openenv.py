@@ -56,6 +56,7 @@ from pydantic import BaseModel, Field, field_validator
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.textenv import ChatMode, ScriptedName, TextEpisode, TextMode
 from socialworld.world.spec import ScenarioSpec, capped, load_builtin_scenarios, named
+from socialworld.world.voice import Voice
 
 ENV_NAME = "socialworld"
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -145,8 +146,11 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self, scenarios: dict[str, ScenarioSpec] | None = None, default: str | None = None,
-                 observation: TextMode = "prompt", max_turns: int = 0, chat: ChatMode = "state", scripted: bool = False) -> None:
+                 observation: TextMode = "prompt", max_turns: int = 0, chat: ChatMode = "state", scripted: bool = False,
+                 voice: Voice | None = None) -> None:
         super().__init__()
+        self.voice = voice
+        """the NPCs' voice, shared by the server's sessions (None: the templates' lines)"""
         self.scripted = scripted
         """whether a step may ask the expert or the oracle for its reply (:class:`SocialAction`)"""
         self.scenarios = scenarios if scenarios is not None else load_builtin_scenarios()
@@ -176,7 +180,7 @@ class SocialWorldEnvironment(Environment[SocialAction, SocialObservation, Social
             raise RequestError("episode_id must be text (UTF-8)")
         spec = self._scenario(scenario or self.default)
         seed = secrets.randbits(63) if seed is None else seed
-        self.episode = TextEpisode(capped(spec, self.max_turns), seed, self.mode, self.chat)
+        self.episode = TextEpisode(capped(spec, self.max_turns), seed, self.mode, self.chat, voice=self.voice)
         self._state = SocialState(episode_id=episode_id or str(uuid.uuid4()), step_count=0, scenario=spec.id, seed=seed)
         return self._observe(None, False, {})
 
@@ -279,10 +283,11 @@ def _tools(env: SocialWorldEnvironment) -> Any:
 
 
 def make_app(scenarios: dict[str, ScenarioSpec] | None = None, max_sessions: int = 16, observation: TextMode = "prompt",
-             max_turns: int = 0, chat: ChatMode = "state", scripted: bool = False) -> Any:
+             max_turns: int = 0, chat: ChatMode = "state", scripted: bool = False, voice: Voice | None = None) -> Any:
     """OpenEnv's FastAPI app serving :class:`SocialWorldEnvironment` over ``scenarios`` (default: the
     shipped ones): one environment per WebSocket session, at most ``max_sessions`` at once; ``scripted``:
-    steps may ask the expert or the oracle for their reply (baselines; the oracle reads hidden state)."""
+    steps may ask the expert or the oracle for their reply (baselines; the oracle reads hidden state);
+    ``voice``: the NPCs' voice, one for every session (:func:`socialworld.agents.registry.make_voice`)."""
     from fastapi import Request
     from fastapi.encoders import jsonable_encoder
     from fastapi.exceptions import RequestValidationError
@@ -290,7 +295,7 @@ def make_app(scenarios: dict[str, ScenarioSpec] | None = None, max_sessions: int
     _AsciiJSON = _ascii_json()
 
     specs = scenarios if scenarios is not None else load_builtin_scenarios()
-    factory = partial(SocialWorldEnvironment, specs, None, observation, max_turns, chat, scripted)
+    factory = partial(SocialWorldEnvironment, specs, None, observation, max_turns, chat, scripted, voice)
     app = create_app(factory, SocialAction, SocialObservation, env_name=ENV_NAME, max_concurrent_envs=max_sessions,
                      state_cls=SocialState)
     # the stateless HTTP step can never play an episode here: a clear 400 in place of OpenEnv's handler

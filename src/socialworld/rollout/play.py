@@ -6,17 +6,18 @@ from rich.console import Console
 from rich.markup import escape as e
 from rich.panel import Panel
 
-from socialworld.agents.registry import make_policy
+from socialworld.agents.registry import NPC_VOICE_TEMPLATE, make_policy, make_voice
 from socialworld.records import EpisodeRecord
 from socialworld.rollout.runner import EpisodeJob, run_episodes
 from socialworld.world.spec import ScenarioSpec
 
 
-def play_episode(spec: ScenarioSpec, policy: str, seed: int, console: Console) -> EpisodeRecord:
+def play_episode(spec: ScenarioSpec, policy: str, seed: int, console: Console, npc_voice: str = NPC_VOICE_TEMPLATE) -> EpisodeRecord:
     """Play and print one episode. Every text that comes from a model, a scenario file or the
     world is printed literally (``e``: rich markup escaped), so a reply such as ``SAY: [/]``
-    shows as written."""
-    ep = run_episodes(make_policy(policy, seed=seed), [EpisodeJob(spec, seed)])[0]
+    shows as written. Under a voice (``npc_voice``) each voiced line shows the template line it
+    replaced beneath it, and a line the check refused says why."""
+    ep = run_episodes(make_policy(policy, seed=seed), [EpisodeJob(spec, seed)], voice=make_voice(npc_voice))[0]
     console.print(Panel(e(f"{spec.name} ({spec.tier}) seed {seed}, policy {policy}\n{spec.setting}\nGoal: {spec.goal}"),
                         title=e(spec.id)))
     for st in ep.steps:
@@ -37,6 +38,10 @@ def play_episode(spec: ScenarioSpec, policy: str, seed: int, console: Console) -
         console.print("[bold]dialogue[/bold] " + e(f"agent: {st.dialogue.utterance!r}"))
         for r in st.dialogue.replies:
             console.print(e(f"  {r.speaker}: {r.text}"))
+            if r.voice is not None and r.voice.status in ("voiced", "cut"):
+                console.print("    [dim]template:[/dim] " + e(r.voice.template))
+            elif r.voice is not None:
+                console.print(f"    [dim]template line: the voice's was {r.voice.status}[/dim]" + e(f" {r.voice.detail}".rstrip()))
         for a in st.dialogue.announcements:
             console.print("  [yellow]news:[/yellow] " + e(a))
         q = "-" if sig.q.value is None else f"{sig.q.value:.2f}"

@@ -26,16 +26,25 @@ from socialworld.records import (
     PolicyRec,
     PromptRec,
     Reply,
+    ReplyVoice,
     Setting,
     Signal,
     StepRecord,
     StepSignals,
+    VoiceInfo,
 )
-from socialworld.text.templates import AGENT_UTTERANCES_VERSION, CUES_VERSION, NPC_REPLIES_VERSION, OBSERVATION_TEXT_VERSION
+from socialworld.text.templates import (
+    AGENT_UTTERANCES_VERSION,
+    CUES_VERSION,
+    NPC_REPLIES_VERSION,
+    NPC_VOICE_VERSION,
+    OBSERVATION_TEXT_VERSION,
+)
 from socialworld.world.dialogue import DIALOGUE_SOURCE
 from socialworld.world.engine import SNAPSHOT_VERSION, World
 from socialworld.world.spec import ScenarioSpec
 from socialworld.world.visibility import OBSERVATION_PROVENANCE, observe, render, to_plain
+from socialworld.world.voice import Voice, check_line, requests
 
 TEMPLATES = {
     "npc_replies": NPC_REPLIES_VERSION,
@@ -99,12 +108,14 @@ def run_episodes(
     on_episode: Callable[[EpisodeRecord], None] | None = None,
     run_seed: int | None = None,
     on_steps: Callable[[int], None] | None = None,
+    voice: Voice | None = None,
 ) -> list[EpisodeRecord]:
     """Run ``jobs`` in lockstep batches of ``batch_size``; return scored episode records in
     job order. ``on_episode(record)`` as each episode is scored; ``on_steps(n)`` after each
     lockstep step with the turns it used up: one per episode that stepped, plus the unused turn
     budget of each episode that just ended, so the counts add up to :func:`turn_budget` of the
-    jobs (a progress bar whose ETA holds while episodes in a lockstep batch finish together)."""
+    jobs (a progress bar whose ETA holds while episodes in a lockstep batch finish together).
+    ``voice``: NPC lines in a model's words (:func:`voice_step` after each lockstep step; None: the templates)."""
     info = policy_info or (policy.info() if isinstance(policy, DescribedPolicy) else PolicyRec(policy_id=policy.policy_id))
     out: list[EpisodeRecord] = []
     for start in range(0, len(jobs), batch_size):
@@ -124,14 +135,47 @@ def run_episodes(
             decisions = decide(policy, [keys[i] for i in active], [worlds[i] for i in active], obs)
             for i, o, d in zip(active, obs, decisions):
                 steps[i].append(step_record(worlds[i], o, d, info))
+            if voice is not None:
+                voice_step(voice, [worlds[i] for i in active], [steps[i] for i in active])
             if on_steps:
                 on_steps(sum(1 + (worlds[i].spec.turn_budget - len(steps[i]) if worlds[i].done else 0) for i in active))
         for j, (w, chain), st, p0 in zip(batch, made, steps, phi0):
-            ep = episode_record(j, w, st, p0, info.policy_id, run_seed, chain)
+            ep = episode_record(j, w, st, p0, info.policy_id, run_seed, chain, voice_info(voice))
             out.append(ep)
             if on_episode:
                 on_episode(ep)
     return out
+
+
+def voice_info(voice: Voice | None) -> VoiceInfo | None:
+    """The lineage entry of episodes voiced by ``voice`` (None: the templates)."""
+    return None if voice is None else VoiceInfo(model=voice.voice_id, prompt_version=NPC_VOICE_VERSION, decoding=dict(voice.decoding))
+
+
+def voice_step(voice: Voice, worlds: Sequence[World], steps: Sequence[list[StepRecord]]) -> None:
+    """The NPC replies of each world's last step (the last record of its ``steps``) in ``voice``'s words,
+    one call for all of them: each line checked (:func:`~socialworld.world.voice.check_line`), the worlds'
+    transcripts and the step records given the line the agent hears, each voiced reply recording how it
+    was voiced (the world's own lines keep their words and have no voice)."""
+    asked = [requests(w, len(st[-1].dialogue.replies)) for w, st in zip(worlds, steps)]
+    flat = [(w, r) for w, rs in zip(worlds, asked) for r in rs if r is not None]
+    if not flat:
+        return
+    heard = iter([check_line(w.spec, r, rep) for (w, r), rep in zip(flat, voice.speak([r for _, r in flat]), strict=True)])
+    for w, st, rs in zip(worlds, steps, asked):
+        if not any(r is not None for r in rs):
+            continue
+        last = st[-1]
+        replies = []
+        for reply, r in zip(last.dialogue.replies, rs):
+            if r is None:
+                replies.append(reply)
+                continue
+            ln = next(heard)
+            replies.append(Reply(speaker=reply.speaker, text=ln.text, voice=ReplyVoice(
+                status=ln.status, template=ln.template, prompt_hash=ln.prompt_hash, detail=ln.detail)))
+        w.revoice([r.text for r in replies])
+        st[-1] = last.model_copy(update={"dialogue": last.dialogue.model_copy(update={"replies": replies})})
 
 
 def _prompt(d: Decision) -> PromptRec | None:
@@ -190,18 +234,18 @@ def step_record(w: World, obs, d: Decision, info: PolicyRec) -> StepRecord:
 
 
 def episode_record(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, policy_id: str, run_seed: int | None,
-                   chain: dict | None = None) -> EpisodeRecord:
+                   chain: dict | None = None, voice: VoiceInfo | None = None) -> EpisodeRecord:
     """The scored record (metrics and diagnostics) of ``job``'s episode, played on ``w`` as ``steps``
-    from progress ``phi0``."""
+    from progress ``phi0`` (``voice``: the NPC voice that spoke, None under the templates)."""
     from socialworld.metrics.diagnostics import diagnose
 
-    ep = _unscored(job, w, steps, phi0, policy_id, run_seed, chain)
+    ep = _unscored(job, w, steps, phi0, policy_id, run_seed, chain, voice)
     ep = ep.model_copy(update={"metrics": episode_metrics(ep)})
     return ep.model_copy(update={"diagnostics": diagnose(ep)})
 
 
 def _unscored(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, policy_id: str, run_seed: int | None,
-              chain: dict | None = None) -> EpisodeRecord:
+              chain: dict | None = None, voice: VoiceInfo | None = None) -> EpisodeRecord:
     return EpisodeRecord(
         episode_id=f"{job.spec.id}/{job.seed}/{policy_id}" + (f"/{job.tag}" if job.tag else ""),
         scenario_id=job.spec.id,
@@ -228,6 +272,7 @@ def _unscored(job: EpisodeJob, w: World, steps: list[StepRecord], phi0: float, p
             templates=TEMPLATES,
             run_seed=run_seed,
             **({"chain": chain} if chain is not None else {}),
+            voice=voice,
         ),
     )
 

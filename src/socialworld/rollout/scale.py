@@ -74,19 +74,22 @@ def _rollout(policy: str, seed: int, run_seed: int | None, lm_options: dict[str,
 
 
 def rollouts(policy: str, jobs: Sequence[Any], ray: str = "", seed: int = 0, run_seed: int | None = None,
-             tick: Callable[[Any], None] | None = None, **lm_options: Any) -> list[Any]:
+             tick: Callable[[Any], None] | None = None, voice: Any = None, **lm_options: Any) -> list[Any]:
     """The episode records of a policy that holds no model weights here (a scripted one, or an
     ``openai:`` endpoint) on ``jobs`` (:class:`~socialworld.rollout.runner.EpisodeJob`), in order. Without
     ``ray``, one lockstep batch; with it, one Ray task per job, each with its own policy. The same
     records either way: a scripted policy's state and randomness are per episode (its key), and an
     endpoint's replies do not depend on which other requests share its batch (at temperature 0).
-    A local model is refused under ``ray``: it is loaded once, in this process."""
+    A local model is refused under ``ray``: it is loaded once, in this process; so is a ``voice`` (an
+    NPC voice speaks in this process, :mod:`socialworld.world.voice`)."""
     from socialworld.agents.models import parse_model_spec
     from socialworld.agents.registry import make_policy
     from socialworld.rollout.runner import run_episodes
 
     if not ray:
-        return run_episodes(make_policy(policy, seed=seed, **lm_options), jobs, run_seed=run_seed, on_episode=tick)
+        return run_episodes(make_policy(policy, seed=seed, **lm_options), jobs, run_seed=run_seed, on_episode=tick, voice=voice)
+    if voice is not None:
+        raise ValueError("an NPC voice speaks in this process: run it without --ray")
     if parse_model_spec(policy).kind not in ("scripted", "openai"):
         raise ValueError(f"--ray spreads scripted and openai: policies; {policy!r} is a local model (run it without --ray)")
     from functools import partial

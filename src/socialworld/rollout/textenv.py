@@ -30,10 +30,11 @@ from socialworld.core import Decision, MentalState
 from socialworld.metric_registry import KEYS
 from socialworld.metrics.core import metric_of
 from socialworld.records import EpisodeRecord, PolicyRec, StepRecord
-from socialworld.rollout.runner import EpisodeJob, episode_record, step_record
+from socialworld.rollout.runner import EpisodeJob, episode_record, step_record, voice_info, voice_step
 from socialworld.world.engine import World
 from socialworld.world.spec import ScenarioSpec
 from socialworld.world.visibility import legal_actions, observe, render, to_plain
+from socialworld.world.voice import Voice
 
 TextMode = Literal["prompt", "render"]
 ChatMode = Literal["state", "episode"]
@@ -48,7 +49,7 @@ class TextEpisode:
     """One episode of ``spec`` from ``seed`` (``World(spec, seed)``), played by replies as text."""
 
     def __init__(self, spec: ScenarioSpec, seed: int, mode: TextMode = "prompt", chat: ChatMode = "state",
-                 world: World | None = None) -> None:
+                 world: World | None = None, voice: Voice | None = None) -> None:
         if mode not in ("prompt", "render"):
             raise ValueError(f"observation must be prompt or render, got {mode!r}")
         if chat not in ("state", "episode"):
@@ -57,6 +58,8 @@ class TextEpisode:
         self.world = world if world is not None else self.job.world()[0]
         """the live world (``fork()`` and ``snapshot_json()`` for lookahead)"""
         self.mode, self.chat = mode, chat
+        self.voice = voice
+        """the NPCs' voice (:mod:`socialworld.world.voice`; None: the templates' lines)"""
         self.steps: list[StepRecord] = []
         self.recorded = world is None
         """False for an episode restored mid-way: its record would lack the steps before the snapshot"""
@@ -69,10 +72,11 @@ class TextEpisode:
         """the scripted policies asked for replies (:meth:`scripted_reply`), each remembering this episode"""
 
     @classmethod
-    def restored(cls, snapshot: str, spec: ScenarioSpec, mode: TextMode = "prompt", chat: ChatMode = "state") -> TextEpisode:
+    def restored(cls, snapshot: str, spec: ScenarioSpec, mode: TextMode = "prompt", chat: ChatMode = "state",
+                 voice: Voice | None = None) -> TextEpisode:
         """An episode put back from ``World.snapshot_json()`` (no record, no outcome: see :attr:`recorded`)."""
         w = World.restore(snapshot, spec)
-        return cls(spec, w.seed, mode, chat, world=w)
+        return cls(spec, w.seed, mode, chat, world=w, voice=voice)
 
     def observe(self) -> tuple[str, dict[str, Any]]:
         """The observation as text, and ``{"observation", "legal_actions", "messages", "reply_regex"}``
@@ -99,8 +103,10 @@ class TextEpisode:
         text = reply if isinstance(reply, str) else ""
         parsed, belief, error = parse_output(reply, obs) if isinstance(reply, str) else (None, None, "the action is not text")
         belief = self._belief = merge(self._belief, belief)  # as LMPolicy reads its replies: the running estimate
-        rec = step_record(w, obs, Decision(parsed, belief, raw=text, parse_error=error), PolicyRec(policy_id=TEXT_POLICY))
-        self.steps.append(rec)
+        self.steps.append(step_record(w, obs, Decision(parsed, belief, raw=text, parse_error=error), PolicyRec(policy_id=TEXT_POLICY)))
+        if self.voice is not None:
+            voice_step(self.voice, [w], [self.steps])
+        rec = self.steps[-1]
         info: dict[str, Any] = {
             "parse_status": rec.action.parse_status, "error": rec.action.error, "executed": rec.action.executed,
             "penalty": rec.signals.penalty.value, "penalty_reasons": list(rec.signals.penalty_reasons), "q": rec.signals.q.value,
@@ -119,7 +125,7 @@ class TextEpisode:
         """The episode's scored record so far (as the runner writes it; policy id ``text``)."""
         if not self.recorded:
             raise RuntimeError("an episode restored from a snapshot has no record of the steps before it")
-        return episode_record(self.job, self.world, self.steps, self._phi0, TEXT_POLICY, None)
+        return episode_record(self.job, self.world, self.steps, self._phi0, TEXT_POLICY, None, voice=voice_info(self.voice))
 
     def expert_reply(self) -> str:
         """The expert's move at this state as a reply in the policy's format: the BELIEF line a

@@ -207,7 +207,7 @@ def run_chains(cfg: ChainConfig, progress=None) -> ChainResult:
     of each mode from ``none``, and prompt growth (mean prompt tokens per decision; mean memory
     characters per observation). ``progress(what, total)`` may return a per-episode callback."""
     from socialworld.agents.models import SCRIPTED
-    from socialworld.agents.registry import make_policy
+    from socialworld.agents.registry import make_policy, make_voice
     from socialworld.metric_registry import KEYS
     from socialworld.metrics.core import METRICS_CONTRACT
     from socialworld.metrics.stats import metric_interval, paired_difference
@@ -224,6 +224,7 @@ def run_chains(cfg: ChainConfig, progress=None) -> ChainResult:
     if not specs:
         raise ValueError("no scenario matches the chosen scenarios and tiers")
     policy = make_policy(cfg.policy, seed=cfg.seed, **({} if cfg.policy in SCRIPTED else {"batch_size": cfg.lm_batch_size}))
+    voice = make_voice(cfg.npc_voice, batch_size=cfg.lm_batch_size)
     chains = [(s, c) for s in specs for c in range(cfg.chains)]
     casts = {(s.id, c): Cast.of(s, chain_seed(cfg.seed, s.id, c, 0)) for s, c in chains}
     history: dict[tuple[str, str, int], list[EpisodeRecord]] = {}
@@ -253,7 +254,7 @@ def run_chains(cfg: ChainConfig, progress=None) -> ChainResult:
                                        memory=build_memory(mode, hist) if pos > 0 else None))
                 owners.append((mode, s.id, c))
         on_episode = progress(f"position {pos + 1}/{cfg.length}", len(jobs)) if progress else None
-        eps = run_episodes(policy, jobs, batch_size=max(1, len(jobs)), on_episode=on_episode, run_seed=cfg.seed)
+        eps = run_episodes(policy, jobs, batch_size=max(1, len(jobs)), on_episode=on_episode, run_seed=cfg.seed, voice=voice)
         for (mode, sid, c), ep in zip(owners, eps):
             for into in (cfg.modes if mode == "shared" else [mode]):
                 history.setdefault((into, sid, c), []).append(ep)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from socialworld.agents.registry import check_voice
 from socialworld.config import FieldError, at_least, check_fields
+from socialworld.rollout.config import NPC_VOICE_HELP
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,13 @@ class ChainConfig:
     seed: int = field(default=0, metadata={"check": at_least(0), "help": "run seed: chain casts, episode seeds, bootstrap"})
     lm_batch_size: int = field(default=12, metadata={"check": at_least(1), "help": "language models: prompts per forward pass"})
     out: str = field(default="runs/chain", metadata={"help": "folder for <mode>/episodes.jsonl and chain.json"})
+    npc_voice: str = field(default="template", metadata={"help": NPC_VOICE_HELP})
 
     def __post_init__(self) -> None:
         check_fields(self)
+        try:
+            check_voice(self.npc_voice)
+        except ValueError as err:
+            raise FieldError("npc_voice", str(err)) from None
         if not self.modes:
             raise FieldError("modes", f"must name at least one of {', '.join(MODES)}")

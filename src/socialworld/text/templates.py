@@ -4,6 +4,7 @@
 * ``CUES`` (``cues-v1``): mood cues the agent sees instead of moods.
 * ``AGENT_UTTERANCES`` (``agent-utterances-v1``): what the scripted policies say.
 * ``OBSERVATION_TEXT`` (``observation-text-v1``): the rendered observation.
+* ``NPC_VOICE_*`` (``npc-voice-v1``): the prompt of a model that voices NPC lines (``socialworld.world.voice``).
 
 Templates are plain ``str.format`` strings; the engine decides *which* one, never the text.
 """
@@ -362,3 +363,15 @@ JUDGE_USER = (
 )
 JUDGE_TURN = "[{step}] organiser ({action}): {words}"
 JUDGE_REPLY = "[{step}] {speaker}: {text}"
+
+# ---------------------------------------------------------------- NPC voices (socialworld.world.voice)
+
+NPC_VOICE_VERSION = "npc-voice-v1"
+NPC_VOICE_MOODS: dict[str, str] = {"low": "upset", "mid": "calm", "high": "happy"}
+"""the visible mood bucket as the voice's prompt says it (no bucket yet: ``calm``)"""
+NPC_VOICE_SYSTEM = (
+    "You are {name}, {profile}. Say the line you are given in your own words, as {name} would say it "
+    "aloud, feeling {mood}: one or two short sentences with the same meaning. Name no person, option or "
+    "fact that the line does not name. Reply with the new line only."
+)
+NPC_VOICE_USER = "{template}"

@@ -147,3 +147,15 @@ def leaked_secrets(spec: ScenarioSpec, utterance: str, addressee: str | None, co
     (``addressee``; None = nobody in particular). The same test :func:`assess` applies; the
     world also runs it on the utterances of illegal actions, which reach the transcript too."""
     return _leaked(_lexicon(spec), _norm(utterance), addressee, confided)
+
+
+def named(spec: ScenarioSpec, text: str) -> frozenset[str]:
+    """What ``text`` names of ``spec``, as whole words: ``option:<slot>/<option>`` for an option (its id
+    or label), ``npc:<id>`` for a person (their name), ``secret:<id>`` for a keyword of their secret.
+    The NPC voice's leak check compares a voiced line's names with its template's
+    (:func:`socialworld.world.voice.check_line`)."""
+    lex, t = _lexicon(spec), _norm(text)
+    out = {f"option:{s}/{o}" for (s, o), names in lex.option_names.items() if any(n in t for n in names if n.strip())}
+    out |= {f"npc:{i}" for i, n in lex.names.items() if n.strip() and n in t}
+    out |= {f"secret:{i}" for i, keys in lex.secrets.items() if any(k in t for k in keys if k.strip())}
+    return frozenset(out)

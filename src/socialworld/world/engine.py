@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, Sequence
 
 from socialworld.core import (
     Action,
@@ -461,6 +461,15 @@ class World:
             announcements=tuple(fired),
             done=p.done,
         )
+
+    def revoice(self, texts: Sequence[str]) -> None:
+        """The last step's replies (the transcript's last ``len(texts)`` lines) in other words, as a voice
+        wrote them (:mod:`socialworld.world.voice`). Only the transcript's text changes: no rule reads it."""
+        lines = self.pub.transcript
+        start = len(lines) - len(texts)
+        if start < 0 or any(ln.speaker == "agent" for ln in lines[start:]):
+            raise ValueError(f"revoice: the transcript's last {len(texts)} lines are not all replies")
+        lines[start:] = [Line(ln.step, ln.speaker, t) for ln, t in zip(lines[start:], texts)]
 
     def _close(self, reason: str) -> None:
         p = self.pub

@@ -19,7 +19,6 @@ from socialworld.learn.pairs.sources import (
     action_pairs,
     dialogue_pairs,
     reference_pairs,
-    repeat_pairs,
     utterance_pairs,
 )
 from socialworld.rollout.runner import EpisodeJob, run_episodes
@@ -122,54 +121,6 @@ def test_wake_pairs_with_the_continuation_policys_labels(lunch, random_eps):
     assert screen_and_gate(weak, replace(cfg, template_cap=99), r3) == [] and r3.excluded["action:low_quality"] == len(weak)
     with pytest.raises(TypeError, match="label_gate"):  # one field says how labels are kept (issue 41)
         SleepConfig(label_gate="disagree")  # type: ignore[call-arg]
-
-
-def test_a_repeat_pair_is_the_label_one_repeated_move_off_the_reference_path(specs):
-    """At one state of an expert episode its previous move is made again: the pair's prompt is the
-    state that leaves (its tally counts the move twice, the latest being it), chosen = the expert's
-    label there (the expert fed the same states), rejected = the move once more; the values are real
-    forks', and the draw is the seed's."""
-    from socialworld.agents.lm.prompts import build_messages
-    from socialworld.learn.pairs.counterfactual import templated
-
-    cfg = SleepConfig(rollouts=2, horizon=6, sources=("action", "reference", "repeat"), wake_chosen="label")
-    made = 0
-    for sid, seed in (("team_lunch-v1", 11), ("book_club-v1", 4), ("weather_picnic-v1", 2)):
-        spec = specs[sid]
-        ref = run_episodes(make_policy("expert"), [EpisodeJob(spec, seed)])[0]
-        report = GatingReport()
-        pairs = repeat_pairs(Unit(spec, ref), cfg, report)
-        assert report.candidates == 1 and len(pairs) + sum(report.excluded.values()) == 1
-        assert repeat_pairs(Unit(spec, ref), cfg, GatingReport()) == pairs  # seeded: the same state, the same pair
-        for p in pairs:
-            made += 1
-            prev = recorded_action(ref.steps[p.step - 1])
-            w = next(w.fork() for s, w in replay(spec, ref) if s.setting.step == p.step)
-            w.step(templated(w, prev))
-            obs = observe(spec, w.pub)
-            assert p.prompt == build_messages(obs) and f"{prev.key} x2" in p.prompt[-1]["content"]
-            assert p.prompt[-1]["content"].rstrip().endswith(f"(last: {prev.key})")
-            expert = make_policy("expert")
-            expert.reset(["k"])
-            for s, v in replay(spec, ref):
-                if s.setting.step == p.step:
-                    break
-                expert.act(["k"], [observe(spec, v.pub)])
-            label = expert.act(["k"], [obs])[0].action
-            _, act_c, _ = turn_parts(p.chosen[0]["content"])
-            _, act_r, _ = turn_parts(p.rejected[0]["content"])
-            assert act_c == label.key != act_r == prev.key and p.chosen_by == "label" and p.tier == ref.tier
-            key = (p.scenario_id, p.seed, p.step, "repeat")
-            assert p.chosen_value == pytest.approx(fmean(rollout_returns(w, templated(w, label), cfg, key)))
-            assert p.rejected_value == pytest.approx(fmean(rollout_returns(w, templated(w, prev), cfg, key)))
-    assert made == 3
-    # candidate_pairs builds them only when the sources name it
-    lunch = specs["team_lunch-v1"]
-    wake = run_episodes(make_policy("random", seed=3), [EpisodeJob(lunch, 11)])
-    refs = {(lunch.id, 11): run_episodes(make_policy("expert"), [EpisodeJob(lunch, 11)])[0]}
-    without = candidate_pairs(SleepInputs({lunch.id: lunch}, wake, refs), replace(cfg, sources=("action", "reference")), GatingReport())
-    with_it = candidate_pairs(SleepInputs({lunch.id: lunch}, wake, refs), cfg, GatingReport())
-    assert {p.id for p in with_it} - {p.id for p in without} == {p.id for p in repeat_pairs(Unit(lunch, refs[(lunch.id, 11)]), cfg, GatingReport())}
 
 
 def test_reference_pairs_cover_the_reference_episode_states(lunch):

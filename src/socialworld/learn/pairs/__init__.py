@@ -35,11 +35,6 @@ policy's prompt for the observation is rendered.
   expert label, with simulator-scored negatives), rejected = a candidate at least ``margin``
   worse than chosen, drawn by a seeded RNG; both as whole turns with the template's words. The
   wake of a weak policy stays in opening states; these pairs cover the rest of the task.
-* **Repeated moves** (source ``repeat``, action track) — one state of each reference episode,
-  drawn by a seeded RNG, after the previous move is made again (the mistake a greedy student
-  loops on): chosen = the continuation policy's label there, rejected = the move once more. A
-  disturbance of the teacher's path (DART): the last cycle's student meets states no wake of
-  its own has shown the teacher.
 * **Dialogue track** (source ``dialogue``, trajectory level) — two trajectories of the same scenario and seed (the
   policy's and the continuation policy's); at aligned steps where both took the same action,
   chosen = the utterance of the higher-outcome trajectory, rejected = the other's, when its

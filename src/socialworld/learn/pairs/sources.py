@@ -169,71 +169,6 @@ def reference_pairs(unit: Unit, cfg: PairBuild, report: GatingReport) -> list[Pa
     return pairs
 
 
-def repeat_pairs(unit: Unit, cfg: PairBuild, report: GatingReport) -> list[Pair]:
-    """One step-level pair a futile move off a reference episode's path: a disturbance of the
-    teacher's states, as DART (Laskey et al., 2017) injects noise into an expert's rollouts so that
-    the student is taught the states its own mistakes lead to. The disturbance is the mistake a
-    greedy student makes: its previous move made again (it then loops, making it on). At one state
-    ``s_t`` (t >= 1, drawn by a seeded RNG among those where the previous move ``a_{t-1}`` is legal
-    again and is neither ``wait`` nor ``end``) ``a_{t-1}`` is made once more; at the state that leaves,
-    chosen = the continuation policy's label (fed the episode's states before ``s_t`` in order, then
-    that one), rejected = ``a_{t-1}`` yet again. Excluded, by reason: ``no_repeat`` (no state where
-    the previous move is legal again), ``repeat_ends`` (the repeat ends the episode),
-    ``label_illegal``, ``label_repeats`` (the label is the move itself: one worth making again), and
-    where ``cfg.wake_chosen`` is ``label_by_margin`` as for the wake's labels, ``below_margin``."""
-    from socialworld.world.rng import WorldRNG
-
-    spec, ref = unit.spec, unit.episode
-    report.candidates += 1
-    moves = [recorded_action(s) for s in ref.steps]
-    eligible = []
-    for s, w in replay(spec, ref):
-        prev = moves[s.setting.step - 1] if s.setting.step > 0 else None
-        if prev is not None and prev.kind not in ("wait", "end") and prev.key in {a.key for a in legal_actions(observe(spec, w.pub))}:
-            eligible.append(s.setting.step)
-    if not eligible:
-        report.exclude("action", "no_repeat")
-        return []
-    t = WorldRNG(derive_seed(ref.scenario_id, ref.seed, "repeat")).choice(eligible)
-    labeller = make_policy(cfg.continuation, seed=derive_seed(cfg.seed, "label", ref.episode_id, "repeat"))
-    labeller.reset(["label"])
-    for s, w in replay(spec, ref):  # the labeller's memory follows the episode up to s_t
-        if s.setting.step == t:
-            break
-        decide(labeller, ["label"], [w], [observe(spec, w.pub)])
-    prev = moves[t - 1]
-    assert prev is not None  # eligible
-    off = w.fork()
-    off.step(templated(off, prev))
-    if off.done:
-        report.exclude("action", "repeat_ends")
-        return []
-    obs = observe(spec, off.pub)
-    d = decide(labeller, ["label"], [off], [obs])[0]
-    label = d.action.without_utterance() if d.action is not None else None
-    if label is None or label.key not in {a.key for a in legal_actions(obs)}:
-        report.exclude("action", "label_illegal")
-        return []
-    if label.key == prev.key:
-        report.exclude("action", "label_repeats")
-        return []
-    key = (ref.scenario_id, ref.seed, t, "repeat")
-    chosen_a, again = templated(off, label), templated(off, prev)
-    values = {a.key: rollout_returns(off, a, cfg, key) for a in (chosen_a, again)}
-    if cfg.wake_chosen == "label_by_margin" and fmean(values[label.key]) - fmean(values[prev.key]) < cfg.margin:
-        report.exclude("action", "below_margin")
-        return []
-    chosen, rejected = target_turn(obs, label.key, chosen_a.utterance), target_turn(obs, prev.key, again.utterance)
-    return [Pair(
-        id=pair_id("repeat", ref.episode_id, t, chosen, rejected), track="action", scenario_id=ref.scenario_id,
-        tier=ref.tier, seed=ref.seed, step=t, episode_id=ref.episode_id, prompt=build_messages(obs),
-        chosen=assistant(chosen), rejected=assistant(rejected), chosen_value=fmean(values[label.key]),
-        rejected_value=fmean(values[prev.key]), quality=fmean(float(c > r) for c, r in zip(values[label.key], values[prev.key])),
-        provenance=cfg.provenance, chosen_by="label", evidence=evidence(ref), template_key=f"{ref.scenario_id}:repeat:{label.key}>{prev.key}",
-        snapshot=off.snapshot_json(), **_scored(cfg, obs, [label, prev], values),
-    )]
-
-
 def _scored(cfg: PairBuild, obs: Any, cands: Sequence[Action], values: dict[str, list[float]]) -> dict[str, Any]:
     """A pair's ``legal`` field, and its ``candidates`` where ``cfg.values`` records them."""
     legal = {"legal": [a.key for a in legal_actions(obs)]}
@@ -415,8 +350,6 @@ class Source:
 SOURCES: Final[dict[str, Source]] = {s.name: s for s in (
     Source("action", _wake, action_pairs, "counterfactual steps of each wake episode (action track)"),
     Source("reference", _references, reference_pairs, "counterfactual steps of each reference episode (action track)"),
-    Source("repeat", _references, repeat_pairs,
-           "one state of each reference episode after its previous move made again: the label where a student would loop (action track)"),
     Source("dialogue", _wake_and_reference, dialogue_pairs,
            "each wake episode against its reference episode: the higher-return one's words (dialogue track)"),
     Source("utterance", _wake, utterance_pairs, "the policy's words against the template's for the same action (dialogue track)"),
