@@ -6,7 +6,7 @@ import pytest
 from socialworld.core import Action
 from socialworld.world.dialogue import named
 from socialworld.world.engine import World
-from socialworld.world.voice import MAX_VOICE_CHARS, VoiceReply, VoiceRequest, check_line, requests
+from socialworld.world.voice import MAX_VOICE_CHARS, VoiceReply, VoiceRequest, check_line, line_requests
 
 
 @pytest.fixture
@@ -86,11 +86,11 @@ def test_revoice_rewrites_the_last_replies_and_nothing_else(lunch):
     npc = lunch.npcs[0].id
     res = w.step(Action("approach", npc=npc, utterance="Hi there!"))
     assert res.replies and w.pub.transcript[-1].text == res.replies[-1].text
-    asked = requests(w, len(res.replies))
+    asked = line_requests(w, len(res.replies))
     assert [(r.npc, r.template, r.mood) for r in asked] == [(x.speaker, x.text, w.pub.cues.get(x.speaker)) for x in res.replies]
     fin = w.step(Action("finalize", slot=lunch.slots[0].id, option=lunch.slots[0].options[0].id))
     assert "world" in [x.speaker for x in fin.replies]
-    assert [r is None for r in requests(w, len(fin.replies))] == [x.speaker == "world" for x in fin.replies]  # nobody voices the world
+    assert [r is None for r in line_requests(w, len(fin.replies))] == [x.speaker == "world" for x in fin.replies]  # nobody voices the world
     res = w.step(Action("approach", npc=npc, utterance="Hi again!"))
     w.revoice(["Hey, good to see you."] * len(res.replies))
     assert [ln.text for ln in w.pub.transcript[-len(res.replies):]] == ["Hey, good to see you."] * len(res.replies)

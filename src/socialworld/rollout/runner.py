@@ -44,7 +44,7 @@ from socialworld.world.dialogue import DIALOGUE_SOURCE
 from socialworld.world.engine import SNAPSHOT_VERSION, World
 from socialworld.world.spec import ScenarioSpec
 from socialworld.world.visibility import OBSERVATION_PROVENANCE, observe, render, to_plain
-from socialworld.world.voice import Voice, check_line, requests
+from socialworld.world.voice import Voice, check_line, line_requests
 
 TEMPLATES = {
     "npc_replies": NPC_REPLIES_VERSION,
@@ -157,7 +157,7 @@ def voice_step(voice: Voice, worlds: Sequence[World], steps: Sequence[list[StepR
     one call for all of them: each line checked (:func:`~socialworld.world.voice.check_line`), the worlds'
     transcripts and the step records given the line the agent hears, each voiced reply recording how it
     was voiced (the world's own lines keep their words and have no voice)."""
-    asked = [requests(w, len(st[-1].dialogue.replies)) for w, st in zip(worlds, steps)]
+    asked = [line_requests(w, len(st[-1].dialogue.replies)) for w, st in zip(worlds, steps)]
     flat = [(w, r) for w, rs in zip(worlds, asked) for r in rs if r is not None]
     if not flat:
         return

@@ -132,7 +132,7 @@ def check_line(spec: ScenarioSpec, req: VoiceRequest, reply: VoiceReply) -> Voic
     return VoicedLine(text, status, req.template, reply.prompt_hash, detail)
 
 
-def requests(w: World, count: int) -> list[VoiceRequest | None]:
+def line_requests(w: World, count: int) -> list[VoiceRequest | None]:
     """The requests for the last ``count`` lines of ``w``'s transcript (the replies of its last step), as
     the agent sees their speakers now; None for a line no person says (the world's own: a decision
     finalized), which keeps its words."""
