@@ -93,3 +93,5 @@ def test_a_bootstrapped_statistic_leaves_out_undefined_resamples():
     assert i.mean == pytest.approx(cohen_kappa(a, b)) and i.lo <= i.mean <= i.hi and 0 < i.resamples < 500  # some all-equal draws
     assert i == bootstrap_statistic(len(a), lambda ix: cohen_kappa(a[ix], b[ix]), resamples=500, seed=3)  # seeded
     assert bootstrap_statistic(3, lambda ix: None) is None
+    # defined on all items, on no resample (a draw of 30 with no repeat): no interval, not a NaN one
+    assert bootstrap_statistic(30, lambda ix: 1.0 if len(set(ix.tolist())) == 30 else None, resamples=50) is None

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Literal
 
 from socialworld.agents.models import parse_model_spec
-from socialworld.agents.registry import NPC_VOICE_TEMPLATE, check_voice
 from socialworld.config import SHARE, FieldError, at_least, check_fields
 from socialworld.layout import BENCH_LOOP
 from socialworld.learn.config import LoopConfig, SleepConfig, TrainConfig
 from socialworld.metrics.lifelong import TIERS
-from socialworld.rollout.config import NPC_VOICE_HELP, RAY_HELP, check_judge, check_ray
+from socialworld.rollout.config import NPC_VOICE_HELP, RAY_HELP, check_judge, check_npc_voice, check_ray
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -131,12 +130,7 @@ class BenchConfig:
         check_fields(self)
         check_ray(self.ray)
         check_judge(self.judge)
-        try:
-            check_voice(self.npc_voice)
-        except ValueError as err:
-            raise FieldError("npc_voice", str(err)) from None
-        if self.ray and self.npc_voice != NPC_VOICE_TEMPLATE:
-            raise FieldError("npc_voice", "a voice speaks in this process: run it without {ray}", related=("ray",))
+        check_npc_voice(self.npc_voice, self.ray)
         ms = parse_model_spec(self.model)  # before the run folder holds a typo
         if ms.kind not in ("bundled", "hf") or ms.adapters:
             raise FieldError("model", "must be bundled or a model folder without adapters (arms A and B train a local model), "

@@ -19,6 +19,7 @@ Run folder: ``<out>/loop/`` (the B arm's resumable loop, with A as its cycle 0),
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -124,14 +125,14 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
     run.write_config(config_doc(recorded(cfg, scenarios), scenarios.user), read=read_resumed)
     summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
     jobs = eval_jobs(cfg, scenarios)
-    voice = make_voice(cfg.npc_voice, batch_size=cfg.lm_batch_size)
+    voice = functools.cache(lambda: make_voice(cfg.npc_voice, batch_size=cfg.lm_batch_size))  # loaded by the first arm run
     for arm, spec in arm_policies(cfg).items():
         rel = f"arms/{arm}/episodes.jsonl"
 
         def evaluate_arm(p: Path, spec: str = spec, arm: str = arm) -> None:
             tick = progress(f"arm {arm} ({spec})", len(jobs)) if progress else None
             lm = {} if spec in SCRIPTED else {"batch_size": cfg.lm_batch_size}
-            eps = rollouts(spec, jobs, ray=cfg.ray, seed=cfg.seed, tick=tick, voice=voice, **lm)
+            eps = rollouts(spec, jobs, ray=cfg.ray, seed=cfg.seed, tick=tick, voice=voice(), **lm)
             failed = aggregate(eps).endpoint_failure_rate
             if failed > cfg.max_endpoint_failures:  # a dead endpoint's scores would only measure the endpoint
                 kept = p.parent.parent / "failed-episodes.jsonl"  # p is inside the artifact's temporary folder

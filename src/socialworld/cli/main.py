@@ -175,7 +175,7 @@ def _run_audit(cfg) -> None:
     """Judge a pool of episodes whose outcomes the world knows and set the judge's scores against the rules:
     Cohen's kappa on pass, Spearman's rho with CR and D, pairwise ranking agreement, per tier (and template vs
     voiced), with bootstrap intervals; failures counted apart. Writes pool.jsonl, judge.jsonl, audit.json, audit.md."""
-    from socialworld.rollout.audit import pool_turns, run_audit
+    from socialworld.rollout.audit import cell, pool_turns, run_audit
     from socialworld.rollout.runner import per_turn
 
     try:
@@ -185,9 +185,6 @@ def _run_audit(cfg) -> None:
     except (ScenarioError, ValueError, OSError) as err:
         fail(str(err))
         return
-
-    def cell(i) -> str:
-        return "-" if i is None else f"{i['mean']:+.2f} [{i['lo']:+.2f}, {i['hi']:+.2f}]"
 
     t = Table(title=escape(f"judge {doc.judge} ({doc.prompt_version}) against the rules; pass at goal >= {doc.pass_score}"))
     for c in ("group", "episodes", "judged", "failed", "kappa (pass)", "rho (goal, CR)", "rho (goal, D)", "pairs",

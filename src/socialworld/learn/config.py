@@ -10,9 +10,8 @@ PairSource = Literal["action", "reference", "dialogue", "utterance", "judge"]
 """The pair sources (:data:`socialworld.learn.pairs.sources.SOURCES`), by name."""
 
 from socialworld.agents.models import TRACKS, parse_model_spec
-from socialworld.agents.registry import check_voice
 from socialworld.config import SHARE, FieldError, above, at_least, check_fields, within
-from socialworld.rollout.config import NPC_VOICE_HELP, RAY_HELP, check_judge, check_ray
+from socialworld.rollout.config import NPC_VOICE_HELP, RAY_HELP, check_judge, check_npc_voice, check_ray
 
 
 @dataclass(frozen=True)
@@ -205,10 +204,7 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        try:
-            check_voice(self.npc_voice)
-        except ValueError as err:
-            raise FieldError("npc_voice", str(err)) from None
+        check_npc_voice(self.npc_voice)  # the loop's reference rollouts under ray keep the templates' lines
         if not self.tracks:
             raise FieldError("tracks", f"must name at least one of {', '.join(TRACKS)}")
         check_ray(self.ray)

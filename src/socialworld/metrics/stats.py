@@ -136,13 +136,14 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
 def bootstrap_statistic(n: int, statistic: Callable[[np.ndarray], float | None], resamples: int = 2_000, level: float = 0.95, seed: int = 0) -> Interval | None:
     """Percentile bootstrap of ``statistic(indices)`` over ``n`` items resampled with replacement (``mean``
     is the statistic on all n items). A resample where the statistic is undefined (None) is left out, so
-    the interval's ``resamples`` counts those it rests on; None when it is undefined on all n items."""
+    the interval's ``resamples`` counts those it rests on; None when it is undefined on all n items, or on
+    every resample (no interval can be drawn)."""
     whole = statistic(np.arange(n))
     if whole is None:
         return None
     rng = np.random.default_rng(seed)
     values = [v for v in (statistic(rng.integers(0, n, size=n)) for _ in range(resamples)) if v is not None]
     if not values:
-        return Interval(float(whole), float("nan"), float("nan"), n, level, 0, seed)
+        return None
     lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
     return Interval(float(whole), float(lo), float(hi), n, level, len(values), seed)

@@ -131,11 +131,13 @@ def audit(judge: str, prompt_version: str, items: Sequence[Judged], pass_score: 
                     rows=[audit_row(g, js, pass_score, resamples, seed) for g, js in groups])
 
 
+def cell(i: dict[str, Any] | None) -> str:
+    """An interval of a row as a table shows it (``-``: undefined)."""
+    return "-" if i is None else f"{i['mean']:+.2f} [{i['lo']:+.2f}, {i['hi']:+.2f}]"
+
+
 def audit_markdown(doc: AuditDoc) -> str:
     """``audit.md``: the rows as one table."""
-    def cell(i: dict[str, Any] | None) -> str:
-        return "-" if i is None else f"{i['mean']:+.2f} [{i['lo']:+.2f}, {i['hi']:+.2f}]"
-
     lines = [f"# Judge audit: {doc.judge} ({doc.prompt_version})", "",
              f"Pool: {', '.join(f'{k} {v}' for k, v in doc.pool.items())}. The judge passes an episode at goal >= "
              f"{doc.pass_score}. 95% bootstrap intervals.", "",

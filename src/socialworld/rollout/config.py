@@ -35,6 +35,17 @@ NPC_VOICE_HELP = (
     "and a voiced line that names what its template line does not is replaced by it and counted")
 
 
+def check_npc_voice(voice: str, ray: str = "") -> None:
+    """A config's ``npc_voice`` (``template`` or a language-model spec) as a field's error, before any
+    work; a voice speaks in the process that evaluates, so never beside ``ray``'s rollouts."""
+    try:
+        check_voice(voice)
+    except ValueError as err:
+        raise FieldError("npc_voice", str(err)) from None
+    if ray and voice != NPC_VOICE_TEMPLATE:
+        raise FieldError("npc_voice", "a voice speaks in this process: run it without {ray}", related=("ray",))
+
+
 def check_judge(judge: str) -> None:
     """A config's ``judge`` (empty: none) is a language-model spec; raises ``ValueError`` before any work."""
     from socialworld.agents.models import parse_model_spec
@@ -92,12 +103,7 @@ class EvalConfig:
         check_ray(self.ray)
         kind = parse_model_spec(self.policy).kind  # a typo (or adapters that are not there) fails now
         check_judge(self.judge)
-        try:
-            check_voice(self.npc_voice)
-        except ValueError as err:
-            raise FieldError("npc_voice", str(err)) from None
-        if self.ray and self.npc_voice != NPC_VOICE_TEMPLATE:
-            raise FieldError("npc_voice", "a voice speaks in this process: run it without {ray}", related=("ray",))
+        check_npc_voice(self.npc_voice, self.ray)
         if self.ray and kind not in ("scripted", "openai"):
             raise FieldError("policy", f"{self.policy!r} is a local model; {{ray}} spreads scripted and openai: policies only "
                              "(run it without it)", related=("ray",))
@@ -162,10 +168,7 @@ class AuditConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         check_judge(self.judge)
-        try:
-            check_voice(self.npc_voice)
-        except ValueError as err:
-            raise FieldError("npc_voice", str(err)) from None
+        check_npc_voice(self.npc_voice)
         if self.episodes and self.npc_voice != NPC_VOICE_TEMPLATE:
             raise FieldError("npc_voice", "voices the pool the audit plays; {episodes} are judged as they were played",
                              related=("episodes",))

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from socialworld.agents.registry import check_voice
 from socialworld.config import FieldError, at_least, check_fields
-from socialworld.rollout.config import NPC_VOICE_HELP
+from socialworld.rollout.config import NPC_VOICE_HELP, check_npc_voice
 
 
 @dataclass(frozen=True)
@@ -70,9 +69,6 @@ class ChainConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        try:
-            check_voice(self.npc_voice)
-        except ValueError as err:
-            raise FieldError("npc_voice", str(err)) from None
+        check_npc_voice(self.npc_voice)
         if not self.modes:
             raise FieldError("modes", f"must name at least one of {', '.join(MODES)}")
