@@ -169,3 +169,29 @@ def test_policy_v10_names_who_has_not_answered_and_whom_to_repair_next(specs):
             v9 = build_messages(obs, "policy-v9")[1]["content"]
             assert re.sub(r", unanswered [\w ]+(?=;)|, repair \w+ next", "", v10) == v9
     assert seen >= {"unanswered", "", "quarrel expert", "quarrel expert repaired", "quarrel random"}, seen
+
+
+def test_policy_v11_says_what_was_said_back_to_the_last_move(specs):
+    """After a move other than a proposal or a finalize, the people's (and the world's) lines of that
+    step stand on a "Heard:" line, word for word, and nothing else changes from policy-v10; a repeated
+    question is heard as the world's "already told you"; before the first move and after a proposal or a
+    finalize there is no such line (their answers stand in the decision's line)."""
+    from socialworld.text.templates import NPC_REPLIES
+
+    seen = set()
+    for spec, w, obs in _states(specs, seeds=range(1, 7), steps=range(0, 14), policy="random"):
+        v11 = build_messages(obs, "policy-v11")[1]["content"]
+        v10 = build_messages(obs, "policy-v10")[1]["content"]
+        said = [x for x in w.pub.transcript if x.step == obs.step - 1 and x.speaker != "agent"]
+        kind = obs.moves[-1].split("(")[0] if obs.moves else None
+        heard = [x for x in v11.splitlines() if x.startswith("Heard: ")]
+        if kind in (None, "propose", "finalize") or not said:
+            assert v11 == v10
+            seen.add(f"silent {kind}")
+            continue
+        assert heard == ["Heard: " + " ".join(f"{x.speaker}: {x.text}" for x in said)], (obs.moves[-1], v11)
+        assert v11.replace(heard[0] + "\n", "") == v10
+        seen.add(kind)
+        if NPC_REPLIES["inquire_repeat"].split("}", 1)[1].split("{")[0] in heard[0]:
+            seen.add("already told")
+    assert seen >= {"silent None", "silent propose", "inquire", "approach", "negotiate", "already told"}, seen

@@ -159,6 +159,12 @@ POLICY_PROMPT_VERSION = "policy-v10"
 # cycle-3 steps at L2 that differed from the expert's were most often a repair of the wrong side of a
 # quarrel or of the same side again (31 and 53 steps on run seeds 1 and 0), and a negotiation with whoever
 # said no where the expert first put the proposal to a stakeholder who had not answered.
+# policy-v11: policy-v10, and what people said back to the agent's last move (``Heard: aisha: Oh, I already
+# told you about the fundraiser.``): the world's own words for a move that changed nothing (a repeated
+# question, an offer already made, an approach to someone already engaged) and for a finalize that failed.
+# Under policy-v10 a futile move left the state as it was but for the tally, and the student repeated it:
+# one L1 episode of run seed 1 asked the same person the same question 16 times; and the policy never read
+# what people said, so an NPC voice (``--npc-voice``) could not reach it.
 _POLICY_SYSTEM_V2 = (
     "You organise a group decision: ask people what they want, propose options they accept, "
     "negotiate with those who refuse, finalize once all agree.\n"
@@ -197,6 +203,8 @@ class PolicyStateView:
     pending: bool = False
     """policy-v10: a standing proposal names who present has not answered it, and each quarrel whom to
     repair next"""
+    heard: bool = False
+    """policy-v11: what people (and the world) said back to the agent's last move, shown before its moves"""
 
 
 @dataclass(frozen=True)
@@ -225,6 +233,8 @@ POLICY_PROMPTS: dict[str, PolicyPrompt] = {p.version: p for p in (
                  PolicyStateView(wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True)),
     PolicyPrompt("policy-v10", _POLICY_SYSTEM_V5, _MOVES,
                  PolicyStateView(wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True)),
+    PolicyPrompt("policy-v11", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(
+        wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True, heard=True)),
 )}
 """every prompt version by its name (records name the version they were made under)"""
 POLICY_LAST_MOVES = 3
@@ -237,6 +247,8 @@ POLICY_UNANSWERED = "unanswered"
 POLICY_REPAIR_NEXT = "repair {npc} next"
 """policy-v10: after an open quarrel, whom to repair next"""
 POLICY_NO_MOVES = "nothing yet"
+POLICY_HEARD = "Heard: "
+"""policy-v11: before the replies to the agent's last move (``speaker: line``, one after another)"""
 POLICY_FAVOURED = "favoured"
 
 # ---------------------------------------------------------------- the world as tools (TRL's environment_factory)

@@ -12,6 +12,7 @@ from socialworld.text.reply import BELIEF_ITEM, reply_fields
 from socialworld.text.templates import (
     POLICY_ALL_AGREE,
     POLICY_FAVOURED,
+    POLICY_HEARD,
     POLICY_LAST_MOVES,
     POLICY_NO_MOVES,
     POLICY_PROMPT_VERSION,
@@ -218,10 +219,27 @@ def state(obs: Observation, view: PolicyStateView = PolicyStateView(terms=True))
     return "\n".join(lines)
 
 
+HEARD_SHOWN_ELSEWHERE = frozenset({"propose", "finalize"})
+"""the moves whose answers :func:`heard` leaves to the decision's line"""
+
+
+def heard(obs: Observation) -> str:
+    """What was said back to the agent's last move (policy-v11), ``speaker: line`` one after another on one
+    line, as the observation's recent talk holds it (voiced lines where an NPC voice spoke). Empty before
+    the first move, when nobody answered, and after a proposal or a finalize, whose answers the decision's
+    line already holds (who said yes and no, finalized or lost)."""
+    if not obs.moves or obs.moves[-1].split("(", 1)[0] in HEARD_SHOWN_ELSEWHERE:
+        return ""
+    said = [f"{x.speaker}: {x.text}" for x in obs.recent if x.step == obs.step - 1 and x.speaker != "agent"]
+    return POLICY_HEARD + " ".join(said) if said else ""
+
+
 def build_messages(obs: Observation, version: str = POLICY_PROMPT_VERSION) -> list[dict[str, str]]:
     prompt = POLICY_PROMPTS[version]
     view = prompt.view
     shown = state(obs, view) if view.terms else compact(obs, view)
+    if view.heard and (said := heard(obs)):
+        shown += "\n" + said
     return [
         {"role": "system", "content": prompt.system.format(brief=brief(obs, view))},
         {"role": "user", "content": prompt.user.format(obs=shown, moves=moves_text(obs.moves, view.tally))},
