@@ -92,3 +92,61 @@ def test_a_tiny_model_voices_an_eval_and_its_lines_are_counted(tmp_path, tiny_di
     assert bad.exit_code == 2 and "--npc-voice" in bad.output and "language model" in bad.output
     ray = runner.invoke(app, [*args, "--out", str(tmp_path / "e"), "--npc-voice", str(tiny_dir), "--ray", "local"])
     assert ray.exit_code == 2 and "--npc-voice" in ray.output and "--ray" in ray.output and again.exit_code == 0
+
+
+def test_a_paired_eval_plays_the_same_seeds_with_the_templates_and_reports_the_difference(tmp_path, tiny_dir):
+    """``eval --npc-voice M --paired``: the template side's records beside the voiced ones, the same
+    episodes as a plain eval's; voiced − template for every metric, overall and by tier, each with its
+    n; the scripted expert never reads what people say, so every difference is exactly 0. ``--paired``
+    without a voice fails before any work, naming both options."""
+    pytest.importorskip("torch")
+    from typer.testing import CliRunner
+
+    from socialworld.cli.main import app
+    from socialworld.metric_registry import KEYS
+
+    runner = CliRunner()
+    args = ["eval", "--policy", "expert", "--scenario", "team_lunch", "--scenario", "book_club", "--episodes", "2"]
+    plain = runner.invoke(app, [*args, "--json", "--out", str(tmp_path / "a")])
+    paired = runner.invoke(app, [*args, "--json", "--out", str(tmp_path / "b"), "--npc-voice", str(tiny_dir), "--paired"])
+    assert plain.exit_code == 0 and paired.exit_code == 0, paired.output
+    assert (tmp_path / "b" / "template" / "episodes.jsonl").read_text() == (tmp_path / "a" / "episodes.jsonl").read_text()
+    fx = json.loads(paired.stdout)["voice_effect"]
+    assert fx["voice"] == str(tiny_dir) and set(fx["by_tier"]) == {"L0", "L1"}
+    for row, n in ((fx["all"], 4), (fx["by_tier"]["L0"], 2), (fx["by_tier"]["L1"], 2)):
+        assert set(row) == set(KEYS)
+        assert all((d["mean"], d["lo"], d["hi"], d["n"]) == (0.0, 0.0, 0.0, n) for d in row.values()), row
+    assert json.loads(plain.stdout)["voice_effect"] is None
+    shown = runner.invoke(app, [*args, "--out", str(tmp_path / "c"), "--npc-voice", str(tiny_dir), "--paired"])
+    assert shown.exit_code == 0 and "- template, the same seeds" in shown.output, shown.output
+    bad = runner.invoke(app, [*args, "--out", str(tmp_path / "d"), "--paired"])
+    assert bad.exit_code == 2 and "--paired" in bad.output and "--npc-voice" in bad.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_voice_effect_is_the_paired_difference_by_tier(specs):
+    """:func:`voice_effect` against hand-computed differences: the random policy's episodes standing for
+    the voiced side of the expert's (same scenarios and seeds); pass differences per tier are the
+    differences of the tiers' pass counts over their episodes."""
+    from socialworld.agents.registry import make_policy
+    from socialworld.records import VoiceInfo
+    from socialworld.rollout.evaluate import voice_effect
+    from socialworld.rollout.runner import EpisodeJob, run_episodes
+
+    jobs = [EpisodeJob(specs[s], seed) for s in ("team_lunch-v1", "book_club-v1", "hackathon-v1") for seed in (1, 2, 3)]
+    expert = run_episodes(make_policy("expert"), jobs)
+    voice = VoiceInfo(model="m", decoding={}, prompt_version="v")
+    other = [e.model_copy(update={"lineage": e.lineage.model_copy(update={"voice": voice})})
+             for e in run_episodes(make_policy("random", seed=3), jobs)]
+    fx = voice_effect(expert, other, seed=0)
+    for tier in ("L0", "L1", "L2"):
+        a = [e.metrics.passed for e in expert if e.tier == tier]
+        b = [e.metrics.passed for e in other if e.tier == tier]
+        if not a:
+            continue
+        assert fx.by_tier[tier]["pass"].mean == pytest.approx((sum(b) - sum(a)) / len(a))
+        assert fx.by_tier[tier]["pass"].n == len(a)
+    assert fx.all["pass"].mean == pytest.approx((sum(e.metrics.passed for e in other) - sum(e.metrics.passed for e in expert)) / 9)
+    assert fx.all["pass"].mean < 0 and fx.voice == "m"
+    with pytest.raises(ValueError, match="names a voice"):
+        voice_effect(expert, expert)

@@ -196,3 +196,18 @@ def test_html_report_renders_in_headless_chromium(bench):
         shot = page.screenshot(full_page=True)
         browser.close()
     assert len(shot) > 20_000 and errors == []
+
+
+def test_the_viewer_shows_a_voiced_line_with_its_template(specs):
+    """A voiced reply carries the line the rules wrote and its voice status into the viewer's projection; a
+    template run's replies carry neither."""
+    from socialworld.bench.report import viewer_episode
+    from socialworld.testing import ScriptedVoice
+
+    jobs = [EpisodeJob(specs["team_lunch-v1"], 3)]
+    voiced = run_episodes(make_policy("expert"), jobs, voice=ScriptedVoice(lambda r: "Well... " + r.template))[0]
+    plain = run_episodes(make_policy("expert"), jobs)[0]
+    shown = [r for s in viewer_episode("B", 1, voiced, lambda _: 0)["steps"] for r in s["replies"]]
+    people = [r for r in shown if r["speaker"] != "world"]
+    assert people and all(r["text"] == "Well... " + r["template"] and r["voice"] == "voiced" for r in people)
+    assert all("template" not in r for s in viewer_episode("B", 1, plain, lambda _: 0)["steps"] for r in s["replies"])

@@ -20,23 +20,14 @@ from pydantic import AfterValidator
 
 from socialworld.learn.loop import CycleSummary
 from socialworld.metric_registry import KEYS
-from socialworld.metrics.stats import Interval
+from socialworld.metrics.stats import Interval, PerMetric, only_registered
 from socialworld.records import Document
 
 BENCH_SCHEMA: Final = "bench-v2"
 SUITE_SCHEMA: Final = "suite-v2"
 
 
-def _registered(table: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(table) - set(KEYS))
-    if unknown:
-        raise ValueError(f"unknown metric(s) {', '.join(unknown)}; the registered metrics are {', '.join(KEYS)}")
-    return table
-
-
-PerMetric = Annotated[dict[str, Interval], AfterValidator(_registered)]
-"""registered metric key -> its interval"""
-Ratios = Annotated[dict[str, float | None], AfterValidator(_registered)]
+Ratios = Annotated[dict[str, float | None], AfterValidator(only_registered)]
 """registered metric key -> a ratio of means (None: the denominator's mean is 0)"""
 RTable = dict[str, dict[str, Interval]]
 """cycle (as text) -> tier -> PassRate interval"""

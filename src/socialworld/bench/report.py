@@ -20,7 +20,8 @@ from socialworld.metrics.stats import Interval
 from socialworld.records import EpisodeRecord
 from socialworld.rundir import RunDir
 
-VIEWER_VERSION = "viewer-v2"
+VIEWER_VERSION = "viewer-v3"
+"""the viewer's projection of the records (v3: a voiced reply carries its template line and voice status)"""
 
 
 def _iv(d: Interval | None, digits: int = 2, n: bool = False) -> str:
@@ -404,7 +405,9 @@ def viewer_episode(arm: str, cycle: int, ep: EpisodeRecord, intern: Callable[[st
             "error": s.action.error,
             "executed": s.action.executed,
             "utterance": s.dialogue.utterance,
-            "replies": [{"speaker": r.speaker, "text": r.text} for r in s.dialogue.replies],
+            "replies": [{"speaker": r.speaker, "text": r.text,
+                         **({"template": r.voice.template, "voice": r.voice.status} if r.voice is not None else {})}
+                        for r in s.dialogue.replies],
             "announcements": list(s.dialogue.announcements),
             "signals": [{"name": n, **sig.model_dump()} for n, sig in
                         [("align", s.signals.align), ("reward", s.signals.reward), ("penalty", s.signals.penalty), ("q", s.signals.q)]
@@ -528,7 +531,8 @@ function show() {
   document.getElementById('mind').innerHTML = belief(s.stated, s.truth);
   document.getElementById('act').innerHTML = `<div><b>executed</b> <code>${esc(s.executed)}</code> <span class="${s.status}">${esc(s.status)}</span>${s.error ? ' — ' + esc(s.error) : ''}</div><pre>${esc(s.raw)}</pre><div class="small">policy ${esc(s.policy.id)}${s.policy.adapter ? ' · adapters ' + esc(s.policy.adapter) : ''}</div>`;
   document.getElementById('talk').innerHTML = `<div><b>agent:</b> ${esc(s.utterance) || '<i>(silent)</i>'}</div>` +
-    s.replies.map(r => `<div><b>${esc(r.speaker)}:</b> ${esc(r.text)}</div>`).join('') +
+    s.replies.map(r => `<div><b>${esc(r.speaker)}:</b> ${esc(r.text)}</div>` +
+      (r.template !== undefined && r.template !== r.text ? `<div class="small">template (${esc(r.voice)}): ${esc(r.template)}</div>` : '')).join('') +
     s.announcements.map(a => `<div class="small">news: ${esc(a)}</div>`).join('');
   document.getElementById('sig').innerHTML = '<tr><th>signal</th><th>value</th><th>source</th><th>confidence</th><th>detail</th></tr>' +
     s.signals.map(g => `<tr><td>${esc(g.name)}</td><td>${g.value === null ? '–' : (+g.value).toFixed(3)}</td><td>${esc(g.source)}</td><td>${(+g.confidence).toFixed(2)}</td><td>${esc(g.detail)}</td></tr>`).join('');

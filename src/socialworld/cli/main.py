@@ -124,10 +124,10 @@ def _run_eval(cfg, adapters: str = "", as_json: bool = False) -> None:
             result = evaluate(cfg)
         elif cfg.ray:  # episodes finish one by one across the tasks
             with bars() as progress:
-                result = evaluate(cfg, on_episode=progress(f"eval {policy} (episodes)", len(specs) * cfg.episodes))
+                result = evaluate(cfg, on_episode=progress(f"eval {policy} (episodes)", len(specs) * cfg.episodes * (2 if cfg.paired else 1)))
         else:  # a lockstep batch finishes its episodes together: count turns
             with bars() as progress:
-                turns = sum(s.turn_budget for s in specs) * cfg.episodes
+                turns = sum(s.turn_budget for s in specs) * cfg.episodes * (2 if cfg.paired else 1)
                 result = evaluate(cfg, on_steps=per_turn(progress(f"eval {policy} (turns)", turns)))
     except (ScenarioError, ValueError, OSError) as err:
         fail(str(err))
@@ -164,8 +164,18 @@ def _run_eval(cfg, adapters: str = "", as_json: bool = False) -> None:
             t.add_column(status, justify="right")
         t.add_row(*(str(n) for n in v.by_status.values()))
         console.print(t)
+    if summary.voice_effect is not None:
+        fx = summary.voice_effect
+        t = Table(title=escape(f"voiced ({fx.voice}) - template, the same seeds: paired bootstrap, 95%"))
+        t.add_column("tier")
+        for m in METRICS:
+            t.add_column(m.label, justify="right")
+        for key, row in (("all", fx.all), *fx.by_tier.items()):
+            t.add_row(key, *(str(row[k]) for k in KEYS))
+        console.print(t)
     d = cfg.out_dir()
-    say(f"records: {d}/episodes.jsonl, {d}/episodes.parquet{f', {d}/judge.jsonl' if cfg.judge else ''}; summary: {d}/metrics.json")
+    say(f"records: {d}/episodes.jsonl, {d}/episodes.parquet{f', {d}/judge.jsonl' if cfg.judge else ''}"
+        f"{f', {d}/template/episodes.jsonl' if cfg.paired else ''}; summary: {d}/metrics.json")
 
 
 config_command(app, "eval", EvalConfig, _run_eval, aliases={"scenarios": "--scenario"}, extra=[_ADAPTERS, _JSON])

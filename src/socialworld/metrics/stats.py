@@ -8,10 +8,12 @@ can be reproduced exactly.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Annotated, Any, Callable, Sequence
 
 import numpy as np
+from pydantic import AfterValidator
 
+from socialworld.metric_registry import KEYS
 from socialworld.metrics.core import episode_metrics, metric_of, require_contract
 from socialworld.records import EpisodeRecord
 
@@ -44,6 +46,18 @@ class Interval:
 
     def __str__(self) -> str:
         return f"{self.mean:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}]"
+
+
+def only_registered(table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` as it is when every key is a registered metric; raises ValueError naming the others."""
+    unknown = sorted(set(table) - set(KEYS))
+    if unknown:
+        raise ValueError(f"unknown metric(s) {', '.join(unknown)}; the registered metrics are {', '.join(KEYS)}")
+    return table
+
+
+PerMetric = Annotated[dict[str, Interval], AfterValidator(only_registered)]
+"""registered metric key -> its interval (a document's field: a key the registry does not know fails the read)"""
 
 
 def bootstrap(values: Sequence[float], resamples: int = 10_000, level: float = 0.95, seed: int = 0) -> Interval:

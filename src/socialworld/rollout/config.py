@@ -87,6 +87,10 @@ class EvalConfig:
         "openai: endpoints: the most seconds one request may take, from connecting to the reply's last byte (a CPU "
         "server batching a lockstep step's requests under load took more than a minute)")})
     npc_voice: str = field(default="template", metadata={"help": NPC_VOICE_HELP})
+    paired: bool = field(default=False, metadata={"help": (
+        "with --npc-voice M: also play the same seeds with the template lines (records in <out>/template/) and report "
+        "voiced - template for every metric, overall and by tier, with paired bootstrap intervals: how much of the "
+        "policy's skill survives the voice's words")})
     out: Path | None = field(
         default=None,
         metadata={"help": "folder for episodes.jsonl, episodes.parquet, metrics.json [default: runs/eval-<policy>-s<seed>, "
@@ -104,6 +108,8 @@ class EvalConfig:
         kind = parse_model_spec(self.policy).kind  # a typo (or adapters that are not there) fails now
         check_judge(self.judge)
         check_npc_voice(self.npc_voice, self.ray)
+        if self.paired and self.npc_voice == NPC_VOICE_TEMPLATE:
+            raise FieldError("paired", "compares a voice with the templates: name the voice with {npc_voice}", related=("npc_voice",))
         if self.ray and kind not in ("scripted", "openai"):
             raise FieldError("policy", f"{self.policy!r} is a local model; {{ray}} spreads scripted and openai: policies only "
                              "(run it without it)", related=("ray",))

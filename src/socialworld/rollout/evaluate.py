@@ -8,7 +8,9 @@ from typing import Any, Callable, Final, Literal
 from socialworld.agents.lm.backends import EndpointFailure
 from socialworld.agents.models import SCRIPTED, check_loads
 from socialworld.agents.registry import check_voice, make_policy, make_voice
+from socialworld.metric_registry import KEYS
 from socialworld.metrics.core import METRICS_CONTRACT, Aggregate, aggregate, group_by
+from socialworld.metrics.stats import PerMetric, paired_difference
 from socialworld.records import Document, EpisodeRecord, JudgeRec, atomic_write_text, write_jsonl, write_parquet
 from socialworld.rollout.config import EvalConfig
 from socialworld.rollout.judge import judge_episodes, summarise, write_judged
@@ -62,6 +64,28 @@ def voice_counts(episodes: list[EpisodeRecord]) -> VoiceCounts | None:
                        heard=sum(by[k] for k in KEPT) / len(statuses) if statuses else 0.0)
 
 
+class VoiceEffect(Document):
+    """``eval --npc-voice M --paired``: voiced − template on the same seeds, for every registered metric,
+    paired bootstrap intervals (:func:`~socialworld.metrics.stats.paired_difference`, matched on scenario and
+    seed) over all episodes and by tier. The rules decide both sides alike; a difference is the policy
+    reading other words for the same responses."""
+
+    voice: str
+    all: PerMetric
+    by_tier: dict[str, PerMetric]
+
+
+def voice_effect(template: list[EpisodeRecord], voiced: list[EpisodeRecord], seed: int = 0) -> VoiceEffect:
+    """The :class:`VoiceEffect` of ``voiced`` against ``template`` (the same episodes, templated)."""
+    models = sorted({e.lineage.voice.model for e in voiced if e.lineage.voice is not None})
+    if not models:
+        raise ValueError("voice_effect: none of the voiced episodes names a voice")
+    ta, va = group_by(template, "tier"), group_by(voiced, "tier")
+    return VoiceEffect(voice=", ".join(models),
+                       all={k: paired_difference(template, voiced, k, seed=seed) for k in KEYS},
+                       by_tier={t: {k: paired_difference(ta.get(t, []), va[t], k, seed=seed) for k in KEYS} for t in sorted(va)})
+
+
 class EvalSummary(Document):
     """``metrics.json`` (and ``eval --json``): a policy's scores by tier and by scenario.
     v1 (no ``schema_version``; before the metric registry) held each aggregate flat; it reads as v2
@@ -76,6 +100,8 @@ class EvalSummary(Document):
     judge: JudgeSummaries | None = None
     voice: VoiceCounts | None = None
     """what became of the NPC lines of voiced episodes (None under the templates)"""
+    voice_effect: VoiceEffect | None = None
+    """``--paired``: voiced − template on the same seeds"""
 
 
 @dataclass(frozen=True)
@@ -84,6 +110,10 @@ class EvalResult:
     episodes: list[EpisodeRecord]
     judged: list[JudgeRec] = field(default_factory=list)
     """the LM judge's record of each episode (empty without ``--judge``)"""
+    template: list[EpisodeRecord] = field(default_factory=list)
+    """``--paired``: the same episodes with the template lines (empty otherwise)"""
+    seed: int = 0
+    """the run seed (the paired bootstrap's)"""
 
     def summary(self) -> EvalSummary:
         """The ``metrics.json`` (and ``eval --json``) document."""
@@ -97,7 +127,8 @@ class EvalResult:
                                    by_tier={t: summarise([r for r in self.judged if tier[r.episode_id] == t]).as_dict()
                                             for t in sorted(set(tier.values()))})
         return EvalSummary(policy=self.policy, metrics_contract=METRICS_CONTRACT, episodes=len(self.episodes),
-                           by_tier=by_tier, by_scenario=by_scenario, judge=judge, voice=voice_counts(self.episodes))
+                           by_tier=by_tier, by_scenario=by_scenario, judge=judge, voice=voice_counts(self.episodes),
+                           voice_effect=voice_effect(self.template, self.episodes, self.seed) if self.template else None)
 
 
 def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None = None,
@@ -127,11 +158,16 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
         voice = make_voice(cfg.npc_voice, batch_size=cfg.lm_batch_size, timeout_s=cfg.request_timeout)
         eps = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed, on_steps=on_steps,
                            voice=voice)
+    for stale in ("metrics.json", "judge.jsonl", "template/episodes.jsonl"):  # an earlier evaluation's (--overwrite)
+        (out / stale).unlink(missing_ok=True)
     write_jsonl(out / "episodes.jsonl", eps)
     write_parquet(out / "episodes.parquet", eps)
-    for stale in ("metrics.json", "judge.jsonl"):  # an earlier evaluation's (--overwrite) are not these records'
-        (out / stale).unlink(missing_ok=True)
-    failed = aggregate(eps).endpoint_failure_rate
+    template: list[EpisodeRecord] = []
+    if cfg.paired:  # the same seeds, the same policy, the rules' own lines
+        template = run_episodes(policy, jobs, batch_size=cfg.batch_size, on_episode=on_episode, run_seed=cfg.seed, on_steps=on_steps)
+        (out / "template").mkdir(exist_ok=True)
+        write_jsonl(out / "template" / "episodes.jsonl", template)
+    failed = aggregate(eps + template).endpoint_failure_rate
     if failed > cfg.max_endpoint_failures:  # scores of a dead endpoint would only measure the endpoint
         raise EndpointFailure(f"the endpoint of {cfg.policy} gave no reply on {failed:.0%} of the steps (more than "
                               f"--max-endpoint-failures {cfg.max_endpoint_failures:g}; the first error: {first_endpoint_error(eps)}): "
@@ -140,7 +176,7 @@ def evaluate(cfg: EvalConfig, on_episode: Callable[[EpisodeRecord], None] | None
                             timeout_s=cfg.request_timeout) if cfg.judge else []
     if judged:
         write_judged(out / "judge.jsonl", judged)
-    result = EvalResult(cfg.policy, eps, judged)
+    result = EvalResult(cfg.policy, eps, judged, template, cfg.seed)
     atomic_write_text(out / "metrics.json", result.summary().to_json())
     return result
 
