@@ -118,7 +118,8 @@ def test_a_paired_eval_plays_the_same_seeds_with_the_templates_and_reports_the_d
         assert all((d["mean"], d["lo"], d["hi"], d["n"]) == (0.0, 0.0, 0.0, n) for d in row.values()), row
     assert json.loads(plain.stdout)["voice_effect"] is None
     shown = runner.invoke(app, [*args, "--out", str(tmp_path / "c"), "--npc-voice", str(tiny_dir), "--paired"])
-    assert shown.exit_code == 0 and "- template, the same seeds" in shown.output, shown.output
+    assert shown.exit_code == 0 and "voiced - template, the same seeds" in shown.output, shown.output
+    assert "[+0.00,+0.00]" in shown.output and "…" not in shown.output.split("voiced - template")[1]  # whole at 80 columns
     bad = runner.invoke(app, [*args, "--out", str(tmp_path / "d"), "--paired"])
     assert bad.exit_code == 2 and "--paired" in bad.output and "--npc-voice" in bad.output
     assert not (tmp_path / "d").exists()

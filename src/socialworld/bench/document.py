@@ -19,7 +19,6 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator
 
 from socialworld.learn.loop import CycleSummary
-from socialworld.metric_registry import KEYS
 from socialworld.metrics.stats import Interval, PerMetric, only_registered
 from socialworld.records import Document
 

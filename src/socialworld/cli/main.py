@@ -166,12 +166,14 @@ def _run_eval(cfg, adapters: str = "", as_json: bool = False) -> None:
         console.print(t)
     if summary.voice_effect is not None:
         fx = summary.voice_effect
-        t = Table(title=escape(f"voiced ({fx.voice}) - template, the same seeds: paired bootstrap, 95%"))
-        t.add_column("tier")
+        # a metric per row, a group per column, the interval under its mean: whole at 80 columns
+        groups = {"all": fx.all, **fx.by_tier}
+        t = Table(title="voiced - template, the same seeds (paired bootstrap, 95%)")
+        t.add_column("metric")
+        for key in groups:
+            t.add_column(f"{key} (n={groups[key][KEYS[0]].n})", justify="right", no_wrap=True)
         for m in METRICS:
-            t.add_column(m.label, justify="right")
-        for key, row in (("all", fx.all), *fx.by_tier.items()):
-            t.add_row(key, *(str(row[k]) for k in KEYS))
+            t.add_row(m.label, *(f"{r[m.key].mean:+.2f}\n[{r[m.key].lo:+.2f},{r[m.key].hi:+.2f}]" for r in groups.values()))
         console.print(t)
     d = cfg.out_dir()
     say(f"records: {d}/episodes.jsonl, {d}/episodes.parquet{f', {d}/judge.jsonl' if cfg.judge else ''}"
