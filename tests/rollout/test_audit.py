@@ -7,7 +7,7 @@ import pytest
 from socialworld.agents.registry import make_policy
 from socialworld.metrics.stats import cohen_kappa, metric_value, spearman
 from socialworld.records import JudgeRec, Signal
-from socialworld.rollout.audit import Judged, audit, audit_markdown, audit_row
+from socialworld.rollout.audit import AUDIT_HEAD, Judged, audit, audit_html, audit_markdown, audit_plots, audit_row, audit_table
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.runner import EpisodeJob, run_episodes
 from socialworld.world.spec import resolve_scenarios
@@ -66,6 +66,29 @@ def test_failed_judgements_are_counted_apart_and_left_out(pool):
     assert "| L1 |" in audit_markdown(doc)
 
 
+def test_the_audit_page_holds_every_row_and_both_plots(pool):
+    """``audit.html``: the rows of ``audit.md`` cell for cell (a judge's name escaped), and the two figures as
+    PNGs, also where a statistic is undefined (a constant judge's rho) and where judgements failed."""
+    import base64
+    import html
+
+    fails = lambda e: "endpoint" if e.policy_id == "random" and e.seed % 2 else None  # noqa: E731
+    for goal in (lambda e: round(10 * metric_value(e, "CR")), lambda e: 5):
+        items = judged(pool, goal, fail=fails)
+        doc = audit("<judge>", "judge-v1", items, resamples=50)
+        images = audit_plots(doc, items)
+        assert set(images) == {"scores", "agreement"}
+        assert all(base64.b64decode(b64)[:8] == b"\x89PNG\r\n\x1a\n" for b64 in images.values())
+        page = audit_html(doc, images)
+        assert "&lt;judge&gt;" in page and "<judge>" not in page
+        assert page.count("data:image/png;base64,") == 2
+        assert all(f"<th>{html.escape(h)}</th>" in page for h in AUDIT_HEAD)
+        for row in audit_table(doc):
+            assert "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" in page
+        assert [r[0] for r in audit_table(doc)] == ["all", "L0", "L1"]
+    assert audit_table(doc)[0][AUDIT_HEAD.index("rho (goal, CR)")] == "-"  # the constant judge's rho: undefined, shown as such
+
+
 def test_judge_audit_plays_judges_and_writes_a_pool(tmp_path, tiny_dir):
     pytest.importorskip("torch")
     from typer.testing import CliRunner
@@ -83,6 +106,7 @@ def test_judge_audit_plays_judges_and_writes_a_pool(tmp_path, tiny_dir):
     n = len(resolve_scenarios(None, ["L0"])) * 2
     assert doc["rows"][0]["episodes"] == n == len(read_jsonl(out / "pool.jsonl"))
     assert len((out / "judge.jsonl").read_text().splitlines()) == n and doc["rows"][0]["judged"] == n  # a local judge always answers
+    assert (out / "audit.html").read_text().count("data:image/png;base64,") == 2
     again = runner.invoke(app, [*args, "--out", str(out)])
     assert again.exit_code == 2 and "already holds an audit" in again.output
     read = runner.invoke(app, ["judge-audit", "--judge", str(tiny_dir), "--episodes", str(out / "pool.jsonl"), "--resamples", "50",

@@ -8,13 +8,12 @@ viewer's per-step projection of the records.
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 from typing import Any, Callable, Sequence
 
 from socialworld.bench.document import BenchDoc, SameRun, SuiteDoc, VariantRow
+from socialworld.figures import PAGE_CSS, png, pyplot
 from socialworld.metric_registry import KEYS, METRICS, PASS, SIGNAL_KEYS, SOLVE, metric
 from socialworld.metrics.stats import Interval
 from socialworld.records import EpisodeRecord
@@ -236,11 +235,7 @@ def suite_markdown(doc: SuiteDoc) -> str:
 def suite_plot(doc: SuiteDoc) -> str:
     """PassRate and D of every run variant at the last cycle (mean, 95% interval), the untrained
     model first; a variant that is another by construction is drawn at that one's values, hollow."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(doc.variants)
     own = {n: doc.variants[v.same_as] if isinstance(v := doc.variants[n], SameRun) else v for n in names}
     with plt.rc_context({"font.size": 9, "axes.titlesize": 10}):
@@ -260,7 +255,7 @@ def suite_plot(doc: SuiteDoc) -> str:
         axes[0][0].invert_yaxis()
         fig.suptitle(f"{doc.suite} suite: mean and 95% bootstrap interval (hollow: the same run as the variant it names)")
         fig.tight_layout()
-        return _png(fig)
+        return png(fig)
 
 
 def suite_html(doc: SuiteDoc) -> str:
@@ -277,28 +272,15 @@ def suite_html(doc: SuiteDoc) -> str:
 # ------------------------------------------------------------------ plots
 
 
-PLOT_DPI = 110
-"""figures are drawn at most ~10.4 inches wide: at this dpi they fit the 1200 px page unscaled"""
 ARM_STYLE = {"A": ("o", "-"), "B": ("s", "-"), "C": ("^", "--"), "oracle": ("D", ":"), "random": ("v", ":")}
 """marker and line style per arm, so curves that coincide stay distinguishable"""
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=PLOT_DPI, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
 def plots(doc: BenchDoc) -> dict[str, str]:
     """name -> base64 PNG: the last cycle's metrics (one panel per metric, on its own scale, n
     under each arm), learning curves per tier (a marker and an offset per arm), and the pass-rate
     heatmap per arm with its colour bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    plt = pyplot()
 
     arms = list(doc.R)
     cycles = sorted({int(c) for tab in doc.R.values() for c in tab})
@@ -321,7 +303,7 @@ def plots(doc: BenchDoc) -> dict[str, str]:
         axes.flat[-1].axis("off")
         fig.suptitle("Last cycle per arm, mean and 95% bootstrap interval (n = episodes)")
         fig.tight_layout()
-        out["bars"] = _png(fig)
+        out["bars"] = png(fig)
 
         fig, axes = plt.subplots(1, len(tiers), figsize=(min(10.2, 3.2 * len(tiers)), 2.9), squeeze=False)
         for ax, t in zip(axes[0], tiers):
@@ -344,7 +326,7 @@ def plots(doc: BenchDoc) -> dict[str, str]:
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="lower center", ncol=len(arms), bbox_to_anchor=(0.5, -0.02), frameon=False)
         fig.tight_layout(rect=(0, 0.1, 1, 1))
-        out["curves"] = _png(fig)
+        out["curves"] = png(fig)
 
         fig, axes = plt.subplots(1, len(arms), figsize=(min(10.2, 1.9 * len(arms) + 0.8), 2.6), squeeze=False)
         image = None
@@ -366,7 +348,7 @@ def plots(doc: BenchDoc) -> dict[str, str]:
         if image is not None:  # some arm drawn
             fig.colorbar(image, ax=list(axes[0]), shrink=0.9, label="PassRate")
         fig.suptitle("PassRate per cycle and tier (blank: tier not unlocked)")
-        out["heatmap"] = _png(fig)
+        out["heatmap"] = png(fig)
     return out
 
 
@@ -564,10 +546,7 @@ window.addEventListener('hashchange', fromHash);
 fill(); fromHash();
 """
 
-CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 12px;color:#222;box-sizing:border-box}
-table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:13px;max-width:100%}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}
-th{background:#f3f3f3}td:first-child{text-align:left}img{max-width:100%}figure{margin:.5em 0}
+CSS = PAGE_CSS + """
 .viewer{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:10px}.viewer section{border:1px solid #ddd;padding:8px;border-radius:4px;min-width:0}
 .wide{grid-column:1/3}pre{white-space:pre-wrap;overflow-wrap:anywhere;font-size:12px;background:#fafafa;padding:6px;margin:2px 0 6px}
 .ok td{background:#e8f6e8}.bad td{background:#fbeaea}

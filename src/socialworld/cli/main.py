@@ -186,7 +186,7 @@ config_command(app, "eval", EvalConfig, _run_eval, aliases={"scenarios": "--scen
 def _run_audit(cfg) -> None:
     """Judge a pool of episodes whose outcomes the world knows and set the judge's scores against the rules:
     Cohen's kappa on pass, Spearman's rho with CR and D, pairwise ranking agreement, per tier (and template vs
-    voiced), with bootstrap intervals; failures counted apart. Writes pool.jsonl, judge.jsonl, audit.json, audit.md."""
+    voiced), with bootstrap intervals; failures counted apart. Writes pool.jsonl, judge.jsonl, audit.json, audit.md, audit.html."""
     from socialworld.rollout.audit import cell, pool_turns, run_audit
     from socialworld.rollout.runner import per_turn
 
@@ -206,7 +206,7 @@ def _run_audit(cfg) -> None:
         t.add_row(r.group, str(r.episodes), str(r.judged), f"{r.failures['endpoint']}+{r.failures['unparseable']}", cell(r.kappa),
                   cell(r.rho_cr), cell(r.rho_d), str(r.pairs), cell(r.pairwise), str(r.judge_ties))
     console.print(t)
-    say(f"pool {', '.join(f'{k} {v}' for k, v in doc.pool.items())}; written to {cfg.out}/audit.json, audit.md, pool.jsonl, judge.jsonl")
+    say(f"pool {', '.join(f'{k} {v}' for k, v in doc.pool.items())}; written to {cfg.out}/audit.json, audit.md, audit.html (the plots), pool.jsonl, judge.jsonl")
 
 
 config_command(app, "judge-audit", AuditConfig, _run_audit)

@@ -19,6 +19,7 @@ or no usable scores) is counted by kind and left out of every statistic, never s
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -136,18 +137,102 @@ def cell(i: dict[str, Any] | None) -> str:
     return "-" if i is None else f"{i['mean']:+.2f} [{i['lo']:+.2f}, {i['hi']:+.2f}]"
 
 
+AUDIT_HEAD: Final = ("group", "episodes", "judged", "failed (endpoint / unparseable)", "kappa (pass)", "rho (goal, CR)",
+                     "rho (goal, D)", "pairs", "pairwise agreement", "judge ties")
+
+
+def audit_table(doc: AuditDoc) -> list[list[str]]:
+    """The rows as ``audit.md`` and ``audit.html`` show them, under :data:`AUDIT_HEAD`."""
+    return [[r.group, str(r.episodes), str(r.judged), f"{r.failures['endpoint']} / {r.failures['unparseable']}", cell(r.kappa),
+             cell(r.rho_cr), cell(r.rho_d), str(r.pairs), cell(r.pairwise), str(r.judge_ties)] for r in doc.rows]
+
+
+def _intro(doc: AuditDoc) -> str:
+    return (f"Pool: {', '.join(f'{k} {v}' for k, v in doc.pool.items())}. The judge passes an episode at goal >= "
+            f"{doc.pass_score}. 95% bootstrap intervals.")
+
+
 def audit_markdown(doc: AuditDoc) -> str:
     """``audit.md``: the rows as one table."""
-    lines = [f"# Judge audit: {doc.judge} ({doc.prompt_version})", "",
-             f"Pool: {', '.join(f'{k} {v}' for k, v in doc.pool.items())}. The judge passes an episode at goal >= "
-             f"{doc.pass_score}. 95% bootstrap intervals.", "",
-             "| group | episodes | judged | failed (endpoint / unparseable) | kappa (pass) | rho (goal, CR) | rho (goal, D) "
-             "| pairs | pairwise agreement | judge ties |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in doc.rows:
-        lines.append(f"| {r.group} | {r.episodes} | {r.judged} | {r.failures['endpoint']} / {r.failures['unparseable']} "
-                     f"| {cell(r.kappa)} | {cell(r.rho_cr)} | {cell(r.rho_d)} | {r.pairs} | {cell(r.pairwise)} | {r.judge_ties} |")
+    lines = [f"# Judge audit: {doc.judge} ({doc.prompt_version})", "", _intro(doc), "",
+             "| " + " | ".join(AUDIT_HEAD) + " |", "|" + "---|" * len(AUDIT_HEAD)]
+    lines += ["| " + " | ".join(row) + " |" for row in audit_table(doc)]
     return "\n".join(lines) + "\n"
+
+
+CHANCE: Final = {"kappa": 0.0, "rho_cr": 0.0, "rho_d": 0.0, "pairwise": 0.5}
+"""what a judge that knows nothing gets, on average, on each statistic"""
+
+
+def audit_plots(doc: AuditDoc, items: Sequence[Judged]) -> dict[str, str]:
+    """name -> base64 PNG. ``scores``: the judge's goal against the rules' CR, a point per judged episode (a
+    colour and a small offset per pool policy and voicing, filled where the rules passed the episode, its
+    area the number of episodes there), with the pass score's line. ``agreement``: each statistic per group,
+    the mean and its interval, beside what a judge that knows nothing gets (:data:`CHANCE`); an undefined
+    one is named, not drawn."""
+    from socialworld.figures import png, pyplot
+
+    plt = pyplot()
+    out: dict[str, str] = {}
+    scored = [j for j in items if j.judgement.failure is None and j.goal is not None]
+    names = list(dict.fromkeys(j.episode.policy_id + (" (voiced)" if j.voiced else "") for j in scored))
+    with plt.rc_context({"font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8}):
+        fig, ax = plt.subplots(figsize=(7.0, 3.6))
+        for k, name in enumerate(names):
+            at: dict[tuple[float, float, bool], int] = {}
+            for j in scored:
+                if j.episode.policy_id + (" (voiced)" if j.voiced else "") == name:
+                    point = (metric_value(j.episode, CR), float(j.goal or 0.0), metric_value(j.episode, PASS) == 1.0)
+                    at[point] = at.get(point, 0) + 1
+            dx = 0.012 * (k - (len(names) - 1) / 2)
+            for filled in (True, False):
+                pts = [(x + dx, y, n) for (x, y, p), n in at.items() if p == filled]
+                if pts:
+                    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=[16 * p[2] for p in pts], edgecolors=f"C{k}",
+                               facecolors=f"C{k}" if filled else "white", label=f"{name} ({'passed' if filled else 'failed'})")
+        ax.axhline(doc.pass_score - 0.5, color="0.5", lw=0.8, ls="--")
+        ax.set(xlabel="CR (the rules; a point's area: its episodes)", ylabel="goal (the judge, 0-10)", xlim=(-0.06, 1.06), ylim=(-0.5, 10.5),
+               title=f"{doc.judge}: the judge's goal against the rules (dashed: its pass line, goal >= {doc.pass_score})")
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        ax.grid(lw=0.3)
+        out["scores"] = png(fig)
+
+        stats = (("kappa", "Cohen's kappa (pass)"), ("rho_cr", "Spearman rho (goal, CR)"), ("rho_d", "Spearman rho (goal, D)"),
+                 ("pairwise", "pairwise agreement"))
+        fig, axes = plt.subplots(1, len(stats), figsize=(10.2, 0.32 * len(doc.rows) + 1.3), sharey=True, squeeze=False)
+        for ax, (key, title) in zip(axes[0], stats):
+            for i, r in enumerate(doc.rows):
+                iv = getattr(r, key)
+                if iv is None:
+                    ax.text(CHANCE[key], i, "undefined", ha="center", va="center", color="0.4", fontsize=8)
+                else:
+                    ax.errorbar([iv["mean"]], [i], xerr=[[iv["mean"] - iv["lo"]], [iv["hi"] - iv["mean"]]], fmt="o", capsize=3, color="C0")
+            ax.axvline(CHANCE[key], color="0.5", lw=0.8, ls="--")
+            ax.set(xlim=(-0.05, 1.05) if key == "pairwise" else (-1.05, 1.05), title=title)
+            ax.grid(axis="x", lw=0.3)
+        axes[0][0].set_yticks(range(len(doc.rows)), [r.group for r in doc.rows])
+        axes[0][0].invert_yaxis()
+        fig.suptitle("agreement with the rules, mean and 95% bootstrap interval (dashed: a judge that knows nothing)")
+        fig.tight_layout()
+        out["agreement"] = png(fig)
+    return out
+
+
+def audit_html(doc: AuditDoc, images: dict[str, str]) -> str:
+    """``audit.html``: the table of ``audit.md`` and :func:`audit_plots`, one self-contained page."""
+    from socialworld.figures import PAGE_CSS
+
+    esc = html.escape
+    title = f"Judge audit: {doc.judge} ({doc.prompt_version})"
+    head = "".join(f"<th>{esc(h)}</th>" for h in AUDIT_HEAD)
+    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in audit_table(doc))
+    figs = "".join(f'<figure><img alt="{esc(name)}" src="data:image/png;base64,{b64}"></figure>' for name, b64 in images.items())
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>{PAGE_CSS}</style></head>"
+            f"<body><h1>{esc(title)}</h1><p>{esc(_intro(doc))} kappa: Cohen's kappa between the rules' pass and the "
+            "judge's; rho: Spearman's rank correlation of the judge's goal with the episode's CR and D; pairwise "
+            "agreement: over the pairs of episodes of one scenario, seed and voicing whose CR differ, the share the judge "
+            "orders as the rules do (a tie counts as not). Failed judgements are counted and left out of every statistic.</p>"
+            f"<table><tr>{head}</tr>{body}</table>{figs}</body></html>\n")
 
 
 def read_pool(paths: Sequence[str | Path]) -> list[EpisodeRecord]:
@@ -198,7 +283,7 @@ def pool_turns(cfg: AuditConfig) -> int:
 
 def run_audit(cfg: AuditConfig, on_steps: Callable[[int], None] | None = None) -> AuditDoc:
     """Play (or read) the pool, judge it, and write ``pool.jsonl``, ``judge.jsonl`` (one record per pool
-    episode, in its order), ``audit.json`` and ``audit.md`` to ``cfg.out``."""
+    episode, in its order), ``audit.json``, ``audit.md`` and ``audit.html`` (the table and the plots) to ``cfg.out``."""
     from socialworld.agents.models import check_loads
     from socialworld.agents.registry import check_voice
     from socialworld.records import atomic_write_text, write_jsonl
@@ -224,8 +309,9 @@ def run_audit(cfg: AuditConfig, on_steps: Callable[[int], None] | None = None) -
     write_jsonl(out / "pool.jsonl", [e for e, _ in pool])
     recs = judge_episodes(cfg.judge, [e for e, _ in pool], specs, batch_size=cfg.lm_batch_size, timeout_s=cfg.request_timeout)
     write_judged(out / "judge.jsonl", recs)
-    doc = audit(cfg.judge, JUDGE_PROMPT_VERSION, [Judged(e, r, v) for (e, v), r in zip(pool, recs, strict=True)],
-                pass_score=cfg.pass_score, resamples=cfg.resamples, seed=cfg.seed)
+    items = [Judged(e, r, v) for (e, v), r in zip(pool, recs, strict=True)]
+    doc = audit(cfg.judge, JUDGE_PROMPT_VERSION, items, pass_score=cfg.pass_score, resamples=cfg.resamples, seed=cfg.seed)
     atomic_write_text(out / "audit.json", doc.to_json())
     atomic_write_text(out / "audit.md", audit_markdown(doc))
+    atomic_write_text(out / "audit.html", audit_html(doc, audit_plots(doc, items)))
     return doc

@@ -169,7 +169,7 @@ class AuditConfig:
     resamples: int = field(default=2_000, metadata={"check": at_least(1), "help": "bootstrap resamples per interval"})
     lm_batch_size: int = field(default=12, metadata={"check": at_least(1), "help": "language models: prompts per forward pass (or concurrent API calls)"})
     request_timeout: float = field(default=180.0, metadata={"check": above(0), "help": "openai: endpoints: the most seconds one request may take"})
-    out: Path = field(default=Path("runs/judge-audit"), metadata={"help": "folder for pool.jsonl, judge.jsonl, audit.json and audit.md"})
+    out: Path = field(default=Path("runs/judge-audit"), metadata={"help": "folder for pool.jsonl, judge.jsonl, audit.json, audit.md and audit.html (the table and its plots)"})
 
     def __post_init__(self) -> None:
         check_fields(self)
