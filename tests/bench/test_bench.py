@@ -201,6 +201,37 @@ def test_bench_with_a_judge_reports_it_beside_the_rule_metrics(tiny, tmp_path):
     assert run_bench(cfg, log=logs.append).doc == res.doc and not any("judged" in m for m in logs)
 
 
+def test_a_voiced_bench_plays_each_arm_again_with_the_templates_and_reports_the_difference(tiny, tmp_path):
+    """``--npc-voice``: every arm's last-cycle episodes are played again by the same policy with the template
+    lines (``template/<arm>.jsonl``: the same scenarios and seeds, no voice in their lineage), and the report
+    holds voiced − template per arm. The scripted arms never read talk and the default prompt shows none, so
+    every arm makes the same moves and every difference is exactly 0 here (the tiny model's free SAY text may
+    differ: another batch, other float sums); a resumed bench plays nothing again."""
+    from socialworld.metric_registry import KEYS
+    from socialworld.records import read_jsonl
+
+    cfg = BenchConfig(out=str(tmp_path / "v"), model=tiny, preset="smoke", cycles=1, lm_batch_size=4, resamples=200, npc_voice=tiny)
+    res = run_bench(cfg, log=lambda _: None)
+    fx = res.doc.voice_effect
+    assert set(fx) == {"A", "B", "C", "oracle", "random"}
+    for arm, eff in fx.items():
+        voiced = res.per_cycle[arm][1]
+        template = read_jsonl(tmp_path / "v" / "template" / f"{arm}.jsonl")
+        assert sorted((e.scenario_id, e.seed) for e in template) == sorted((e.scenario_id, e.seed) for e in voiced)
+        assert all(e.lineage.voice is None for e in template) and all(e.lineage.voice is not None for e in voiced)
+        assert eff.voice == ", ".join(sorted({e.lineage.voice.model for e in voiced}))
+        assert all(eff.all[k].n == len(voiced) and eff.all[k].mean == eff.all[k].lo == eff.all[k].hi == 0.0 for k in KEYS), (arm, eff.all)
+        by_task = {(e.scenario_id, e.seed): [s.action.executed for s in e.steps] for e in voiced}
+        assert [[s.action.executed for s in e.steps] for e in template] == [by_task[e.scenario_id, e.seed] for e in template]
+    assert "Voiced − template" in (tmp_path / "v" / "report.md").read_text()
+    assert "Voiced − template" in (tmp_path / "v" / "report.html").read_text()
+    logs: list[str] = []
+    assert run_bench(cfg, log=logs.append).doc == res.doc and not any("template lines" in m for m in logs)
+    plain = run_bench(BenchConfig(**{**cfg.__dict__, "out": str(tmp_path / "p"), "npc_voice": "template"}), log=lambda _: None)
+    assert plain.doc.voice_effect == {} and not (tmp_path / "p" / "template").exists()
+    assert "Voiced − template" not in (tmp_path / "p" / "report.md").read_text()
+
+
 def test_a_dead_proxy_endpoint_stops_the_bench_instead_of_scoring_arm_c(tiny, tmp_path, monkeypatch):
     import socket
 

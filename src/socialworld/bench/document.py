@@ -21,6 +21,7 @@ from pydantic import AfterValidator
 from socialworld.learn.loop import CycleSummary
 from socialworld.metrics.stats import Interval, PerMetric, only_registered
 from socialworld.records import Document
+from socialworld.rollout.evaluate import VoiceEffect
 
 BENCH_SCHEMA: Final = "bench-v2"
 SUITE_SCHEMA: Final = "suite-v2"
@@ -105,6 +106,9 @@ class BenchDoc(Document):
     judge: BenchJudge | None = None
     holdout: HeldOut | None = None
     """the scenarios held out of training (absent without ``--holdout``)"""
+    voice_effect: dict[str, VoiceEffect] = {}
+    """with ``--npc-voice``: arm -> voiced − template on its last-cycle episodes, the same seeds played again
+    by the same policy with the template lines (absent without a voice)"""
 
 
 class SameRun(Document):

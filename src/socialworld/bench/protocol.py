@@ -14,7 +14,9 @@ seeds, so each (scenario, seed) is run once and reused in every cycle that evalu
 
 Run folder: ``<out>/loop/`` (the B arm's resumable loop, with A as its cycle 0),
 ``<out>/arms/<arm>/episodes.jsonl``, ``<out>/bench.json``, ``<out>/report.md``,
-``<out>/report.html``; all through :class:`~socialworld.rundir.RunDir`.
+``<out>/report.html``; with ``--npc-voice``, ``<out>/template/<arm>.jsonl`` (each arm's last-cycle
+episodes played again with the template lines: how much of the skill survives people's language);
+all through :class:`~socialworld.rundir.RunDir`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from statistics import fmean
 from typing import Any, Callable, Sequence
 
 from socialworld.agents.lm.backends import EndpointFailure
-from socialworld.agents.models import SCRIPTED
+from socialworld.agents.models import SCRIPTED, find_adapters
 from socialworld.agents.registry import make_voice
 from socialworld.bench.config import PRESETS, BenchConfig
 from socialworld.bench.document import (
@@ -62,7 +64,8 @@ from socialworld.metrics.diagnostics import coverage, failure_counts
 from socialworld.metrics.lifelong import TIERS, RTable, forgetting, forward_transfer, r_table, unlock_cycles
 from socialworld.metrics.stats import Interval, metric_interval, paired_difference
 from socialworld.records import EpisodeRecord, JudgeRec, read_document, read_jsonl, write_jsonl
-from socialworld.rollout.evaluate import episode_seeds, first_endpoint_error
+from socialworld.rollout.config import NPC_VOICE_TEMPLATE
+from socialworld.rollout.evaluate import episode_seeds, first_endpoint_error, voice_effect
 from socialworld.rollout.judge import checked_judgement, judge_agreement, judge_episodes, read_judged, summarise, write_judged
 from socialworld.rollout.runner import EpisodeJob
 from socialworld.rollout.scale import pmap, ray_init, rollouts
@@ -151,13 +154,18 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
     held = holdout_episodes(cfg.out, max(tiers_per_cycle), list(arm_policies(cfg)), kept.holdout)
     doc = bench_document(kept, tiers_per_cycle, per_cycle, summaries, held)
     judged = _judge_arms(cfg, run, {arm: cyc[max(cyc)] for arm, cyc in per_cycle.items()}, scenarios, log)
+    templated = _template_arms(cfg, run, per_cycle, scenarios, log)
+    if templated:
+        doc = doc.model_copy(update={"voice_effect": {arm: voice_effect(templated[arm], cyc[max(cyc)], seed=cfg.seed)
+                                                      for arm, cyc in per_cycle.items()}})
     if judged:
         by_id = {r.episode_id: r for arm_recs in judged.values() for r in arm_recs}
         last_eps = [e for cyc in per_cycle.values() for e in cyc[max(cyc)]]
         doc = doc.model_copy(update={"judge": BenchJudge(judge=cfg.judge, arms={arm: summarise(recs).as_dict() for arm, recs in judged.items()},
                                                          agreement=judge_agreement(last_eps, by_id).as_dict())})
     run.derive("bench.json", "bench", doc.to_json(),  # B's episodes are the loop's
-               inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)] + [f"judge/{a}.jsonl" for a in judged])
+               inputs=[f"arms/{a}/episodes.jsonl" for a in arm_policies(cfg)] + [f"judge/{a}.jsonl" for a in judged]
+               + [f"template/{a}.jsonl" for a in templated])
     from socialworld.bench.report import write_reports
 
     write_reports(run, doc, per_cycle, held)
@@ -184,6 +192,34 @@ def _judge_arms(cfg: BenchConfig, run: RunDir, last: dict[str, list[EpisodeRecor
         if run.produce(rel, f"judge:{cfg.judge}", judged, inputs=inputs):
             log(f"arm {arm}: judged {len(eps)} last-cycle episodes with {cfg.judge}")
         out[arm] = list(read_judged(run.path(rel)).values())
+    return out
+
+
+def _template_arms(cfg: BenchConfig, run: RunDir, per_cycle: dict[str, dict[int, list[EpisodeRecord]]],
+                   scenarios: RunScenarios, log: Callable[[str], None]) -> dict[str, list[EpisodeRecord]]:
+    """With ``cfg.npc_voice``: each arm's last-cycle episodes played again by the same policy (A the base
+    model, B it with the adapters its last evaluation deployed, the static arms their specs) on the same
+    scenarios and seeds with the template lines (``template/<arm>.jsonl``, made once), by arm; else nothing."""
+    if cfg.npc_voice == NPC_VOICE_TEMPLATE:
+        return {}
+    last = max(c for cyc in per_cycle.values() for c in cyc)
+    jobs = eval_jobs(cfg, scenarios)
+    specs = {"A": cfg.model, "B": cfg.model, **arm_policies(cfg)}
+    adapters = {t: str(p) for t, p in find_adapters(Path(cfg.out) / BENCH_LOOP / f"cycle-{last}").items()}
+    out = {}
+    for arm, cyc in per_cycle.items():
+        played = {(e.scenario_id, e.seed) for e in cyc[last]}
+        mine = [j for j in jobs if (j.spec.id, j.seed) in played]
+        rel = f"template/{arm}.jsonl"
+        inputs = [f"arms/{arm}/episodes.jsonl"] if run.complete(f"arms/{arm}/episodes.jsonl") else []
+
+        def replay(p: Path, spec: str = specs[arm], arm: str = arm, mine: list[EpisodeJob] = mine) -> None:
+            lm: dict[str, Any] = {} if spec in SCRIPTED else {"batch_size": cfg.lm_batch_size, **({"adapters": adapters} if arm == "B" else {})}
+            write_jsonl(p, rollouts(spec, mine, seed=cfg.seed, **lm))
+
+        if run.produce(rel, f"eval:{specs[arm]}:template", replay, inputs=inputs):
+            log(f"arm {arm}: its {len(mine)} last-cycle episodes played again with the template lines")
+        out[arm] = read_jsonl(run.path(rel))
     return out
 
 
@@ -234,7 +270,8 @@ def remake_reports(out: str | Path, log: Callable[[str], None] = print) -> Bench
         raise ValueError(f"{out}: no finished bench or suite here (its manifest lists no bench.json or suite.json)")
     doc = read_document(run.path("bench.json"), BenchDoc)
     proxies = [a for a in doc.main if a not in ("A", "B")]
-    inputs = [f"arms/{a}/episodes.jsonl" for a in proxies] + [f"judge/{a}.jsonl" for a in (doc.judge.arms if doc.judge else {})]
+    inputs = [f"arms/{a}/episodes.jsonl" for a in proxies] + [f"judge/{a}.jsonl" for a in (doc.judge.arms if doc.judge else {})] \
+        + [f"template/{a}.jsonl" for a in doc.voice_effect]
     if run.derive("bench.json", "bench", doc.to_json(), inputs=inputs):
         log(f"{run.path('bench.json')}: rewritten as {doc.schema_version}")
     holdout = doc.holdout.scenarios if doc.holdout else []

@@ -120,6 +120,15 @@ def holdout_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def voice_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
+    """With an NPC voice: each arm's voiced − template on its last-cycle episodes, every metric over them all
+    and PassRate per tier (no rows without a voice)."""
+    tiers = sorted({t for fx in doc.voice_effect.values() for t in fx.by_tier})
+    head = ["arm", "n"] + [m.label for m in METRICS] + [f"PassRate {t}" for t in tiers]
+    return head, [[arm, str(fx.all[PASS].n)] + [_iv(fx.all[k]) for k in KEYS] + [_iv(fx.by_tier[t][PASS]) if t in fx.by_tier else "–"
+                                                                              for t in tiers] for arm, fx in doc.voice_effect.items()]
+
+
 TABLES = (("Main table (last cycle, 95% bootstrap intervals)", main_rows),
           ("PassRate differences by tier (last cycle, paired, 95% bootstrap intervals)", tier_rows),
           ("Scenarios never trained on (held out of every cycle; the last cycle's policy; 95% bootstrap intervals)", holdout_rows),
@@ -127,7 +136,9 @@ TABLES = (("Main table (last cycle, 95% bootstrap intervals)", main_rows),
           ("Forgetting and forward transfer", lifelong_rows),
           ("Closed loop (arm B) per cycle", loop_rows),
           ("Diagnostics: coverage and failure attribution (last cycle)", diagnostics_rows),
-          ("LM judge (last cycle; proxy evidence, beside the rule metrics, never in them)", judge_rows))
+          ("LM judge (last cycle; proxy evidence, beside the rule metrics, never in them)", judge_rows),
+          ("Voiced − template (last cycle: the same seeds played again by the same policy with the template lines; "
+           "how much of the skill survives people's language; paired, 95% bootstrap intervals)", voice_rows))
 
 
 def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -415,6 +426,8 @@ def row_links(name: str, doc: BenchDoc) -> list[str | None]:
         return [f"arm=B&cycle={s.cycle}" for s in doc.loop]
     if name == "diagnostics_rows":
         return [f"arm={a}&cycle={last}&outcome=fail" for a in doc.diagnostics]
+    if name == "voice_rows":
+        return [f"arm={a}&cycle={last}" for a in doc.voice_effect]
     if name == "judge_rows":
         return [f"arm={a}&cycle={last}" for a in (doc.judge.arms if doc.judge else {})]
     if name == "holdout_rows" and doc.holdout is not None and len(doc.holdout.scenarios) == 1:
