@@ -1,6 +1,7 @@
 """socialworld judge-audit: a judge's scores set against the world's truth, failures apart."""
 
 import json
+import re
 
 import pytest
 
@@ -102,6 +103,7 @@ def test_judge_audit_plays_judges_and_writes_a_pool(tmp_path, tiny_dir):
             "--resamples", "50"]
     res = runner.invoke(app, [*args, "--out", str(out)])
     assert res.exit_code == 0, res.output
+    assert "…" not in res.output and re.search(r"\[[+-]\d\.\d\d,[+-]\d\.\d\d\]", res.output), res.output  # whole at 80 columns
     doc = json.loads((out / "audit.json").read_text())
     n = len(resolve_scenarios(None, ["L0"])) * 2
     assert doc["rows"][0]["episodes"] == n == len(read_jsonl(out / "pool.jsonl"))

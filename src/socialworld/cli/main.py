@@ -198,15 +198,17 @@ def _run_audit(cfg) -> None:
         fail(str(err))
         return
 
-    t = Table(title=escape(f"judge {doc.judge} ({doc.prompt_version}) against the rules; pass at goal >= {doc.pass_score}"))
-    for c in ("group", "episodes", "judged", "failed", "kappa (pass)", "rho (goal, CR)", "rho (goal, D)", "pairs",
-              "pairwise agreement", "judge ties"):
-        t.add_column(c, justify="left" if c == "group" else "right")
+    # whole at 80 columns: the interval under its mean; rho with D, the pairs and the ties are in audit.md
+    t = Table(title=escape(f"judge {doc.judge} ({doc.prompt_version}) against the rules; pass at goal >= {doc.pass_score}; "
+                           "failed: no reply + unparseable"))
+    for c in ("group", "judged", "failed", "kappa (pass)", "rho (goal, CR)", "pairwise agreement"):
+        t.add_column(c, justify="left" if c == "group" else "right", no_wrap=c in ("kappa (pass)", "rho (goal, CR)", "pairwise agreement"))
     for r in doc.rows:
-        t.add_row(r.group, str(r.episodes), str(r.judged), f"{r.failures['endpoint']}+{r.failures['unparseable']}", cell(r.kappa),
-                  cell(r.rho_cr), cell(r.rho_d), str(r.pairs), cell(r.pairwise), str(r.judge_ties))
+        t.add_row(r.group, f"{r.judged}/{r.episodes}", f"{r.failures['endpoint']}+{r.failures['unparseable']}",
+                  *(cell(i).replace(" [", "\n[").replace(", ", ",") for i in (r.kappa, r.rho_cr, r.pairwise)))
     console.print(t)
-    say(f"pool {', '.join(f'{k} {v}' for k, v in doc.pool.items())}; written to {cfg.out}/audit.json, audit.md, audit.html (the plots), pool.jsonl, judge.jsonl")
+    say(f"pool {', '.join(f'{k} {v}' for k, v in doc.pool.items())}; written to {cfg.out}/audit.json, audit.md (every statistic), "
+        "audit.html (the plots), pool.jsonl, judge.jsonl")
 
 
 config_command(app, "judge-audit", AuditConfig, _run_audit)
