@@ -541,44 +541,99 @@ class _Cache:
 def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: Sequence[Sequence[Segment]],
                   prefixes: Sequence[str] | None, prefix_cache: PrefixCache,
                   merged: MergedAdapters | None = None, eng: _Engine | None = None) -> list[Decoded]:
+    """One chunk of :func:`decode`'s rows: planned, prefilled, stepped to the end, finished (:class:`_Chunk`)."""
     import torch
 
     t0 = time.perf_counter()
-    eng = eng if eng is not None else _Engine(tokenizer)
-    enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    if prefixes is None:  # the chunk's longest common token prefix, leaving each row a token of its own
-        n = min(len(e) for e in enc) - 1
-        for i in range(n):
-            if any(e[i] != enc[0][i] for e in enc):
-                n = i
-                break
-        pre = [tuple(e[:n]) for e in enc]
-    else:  # a given prefix counts only where it tokenizes as the start of the whole prompt
-        pre = []
-        for text, e in zip(prefixes, enc):
-            given = eng.ids(text)
-            pre.append(tuple(given) if 0 < len(given) < len(e) and e[: len(given)] == given else ())
-    # rows whose first adapter is activated: the prompt before its invocation under the base model
-    mixed = any(getattr(seg, "adapter", None) for prog in programs for seg in prog)
-    active = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None  # what runs unnamed
-    first_adapter = [next((a for seg in prog if (a := getattr(seg, "adapter", None))), None) if mixed else active for prog in programs]
-    invs = [adapter_invocation(model, a) for a in first_adapter]
-    base_end = [activation_start(e, inv) if inv is not None else 0 for e, inv in zip(enc, invs)]
-    pre = [p[:s] if inv is not None else p for p, s, inv in zip(pre, base_end, invs)]
-    rows = [eng.row(prog, e[len(p) :]) for prog, e, p in zip(programs, enc, pre)]
-    B = len(rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    chunk = _Chunk.plan(model, tokenizer, prompts, programs, prefixes, eng if eng is not None else _Engine(tokenizer))
     with torch.inference_mode(), ExitStack() as stack:
+        chunk.prefill(prefix_cache)
+        switch = stack.enter_context(merged.session(model)) if merged is not None else None
+        while chunk.step(switch):
+            pass
+    return chunk.finish(time.perf_counter() - t0)
+
+
+@dataclass
+class _Chunk:
+    """The state of one chunk's decode, advanced in three steps: :meth:`plan` (tokenize; each row's
+    prefix from the shared or given one, and where an activated adapter's first segment needs the prompt
+    up to its invocation under the base model), :meth:`prefill` (the prefixes' KV states, from the prefix
+    cache, into one :class:`_Cache`), :meth:`step` (one forward pass over every row's pending tokens,
+    each row's next choice read from its logits) until no row has tokens to feed, and :meth:`finish`."""
+
+    model: Any
+    eng: _Engine
+    enc: list[list[int]]
+    """each row's prompt tokens"""
+    pre: list[tuple[int, ...]]
+    """each row's prefix (the tokens whose KV state comes from the prefix cache)"""
+    rows: list[_Row]
+    mixed: bool
+    """whether the programs name adapters (each forward pass then runs each row under its segment's)"""
+    active: str | None
+    """the adapter that runs where none is named (a PEFT model's active one)"""
+    invs: list[list[int] | None]
+    """each row's first adapter's invocation tokens, where that adapter is activated (aLoRA)"""
+    base_end: list[int]
+    """where each activated row's prompt stops running under the base model"""
+    pad: int
+    cache: Any = None
+    """the :class:`_Cache` (from :meth:`prefill`)"""
+    next_pos: Any = None
+    """each row's next position (a tensor, from :meth:`prefill`)"""
+    activated: bool = False
+    """whether any adapter the forwards run is activated: it is told how many of a forward's tokens it acts on"""
+    base_pass: bool = False
+    """the next forward feeds the activated rows' prompt tails before their invocation, under the base model"""
+    rest: list[list[int]] = field(default_factory=list)
+    """each row's pending tokens after the base pass"""
+
+    @classmethod
+    def plan(cls, model: Any, tokenizer: Any, prompts: Sequence[str], programs: Sequence[Sequence[Segment]],
+             prefixes: Sequence[str] | None, eng: _Engine) -> _Chunk:
+        enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        if prefixes is None:  # the chunk's longest common token prefix, leaving each row a token of its own
+            n = min(len(e) for e in enc) - 1
+            for i in range(n):
+                if any(e[i] != enc[0][i] for e in enc):
+                    n = i
+                    break
+            pre = [tuple(e[:n]) for e in enc]
+        else:  # a given prefix counts only where it tokenizes as the start of the whole prompt
+            pre = []
+            for text, e in zip(prefixes, enc):
+                given = eng.ids(text)
+                pre.append(tuple(given) if 0 < len(given) < len(e) and e[: len(given)] == given else ())
+        # rows whose first adapter is activated: the prompt before its invocation under the base model
+        mixed = any(getattr(seg, "adapter", None) for prog in programs for seg in prog)
+        active = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None  # what runs unnamed
+        first_adapter = [next((a for seg in prog if (a := getattr(seg, "adapter", None))), None) if mixed else active
+                         for prog in programs]
+        invs = [adapter_invocation(model, a) for a in first_adapter]
+        base_end = [activation_start(e, inv) if inv is not None else 0 for e, inv in zip(enc, invs)]
+        pre = [p[:s] if inv is not None else p for p, s, inv in zip(pre, base_end, invs)]
+        rows = [eng.row(prog, e[len(p) :]) for prog, e, p in zip(programs, enc, pre)]
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return cls(model, eng, enc, pre, rows, mixed, active, invs, base_end, pad)
+
+    def adapter(self, r: _Row) -> str:
+        """The adapter of row ``r``'s current segment (``BASE`` where none)."""
+        return (getattr(r.program[r.seg], "adapter", None) if r.seg < len(r.program) else None) or BASE
+
+    def group(self, r: _Row) -> str:
+        """The adapter a forward pass for row ``r``'s pending tokens runs under."""
+        return self.adapter(r) if self.mixed else self.active or BASE
+
+    def prefill(self, prefix_cache: PrefixCache) -> None:
+        """The cache, sized for the longest row with headroom (rows drift apart), holding each row's prefix."""
+        import torch
+
+        model, rows, pre, B = self.model, self.rows, self.pre, len(self.rows)
         N = max(len(p) for p in pre)
-        cache = _Cache(model, B, N + max(len(e) - len(p) for e, p in zip(enc, pre))
-                       + 3 * max(_completion_bound(r) for r in rows) // 2 + 16)  # rows drift apart: headroom
-        def adapter(r: _Row) -> str:
-            return (getattr(r.program[r.seg], "adapter", None) if r.seg < len(r.program) else None) or BASE
-
-        def group(r: _Row) -> str:  # the adapter a forward pass for row r's pending tokens runs under
-            return adapter(r) if mixed else active or BASE
-
-        first = [BASE if inv is not None else adapter(r) if mixed else None for r, inv in zip(rows, invs)]
+        self.cache = _Cache(model, B, N + max(len(e) - len(p) for e, p in zip(self.enc, pre))
+                            + 3 * max(_completion_bound(r) for r in rows) // 2 + 16)
+        first = [BASE if inv is not None else self.adapter(r) if self.mixed else None for r, inv in zip(rows, self.invs)]
         if N:
             kvs = {(a, p): prefix_cache.get(model, p, a) for a, p in zip(first, pre) if p}
             layers = []
@@ -590,67 +645,77 @@ def _decode_chunk(model: Any, tokenizer: Any, prompts: Sequence[str], programs: 
                         k[b, :, : len(p)] = kvs[(first[b], p)][li][0][0]
                         v[b, :, : len(p)] = kvs[(first[b], p)][li][1][0]
                 layers.append((k, v))
-            cache.fill(layers, [len(p) for p in pre])
-        dev = model.device
-        next_pos = torch.tensor([len(p) for p in pre], dtype=torch.long, device=dev)
+            self.cache.fill(layers, [len(p) for p in pre])
+        self.next_pos = torch.tensor([len(p) for p in pre], dtype=torch.long, device=model.device)
         # an activated adapter acts on a forward's tokens where it is told how many (PEFT would look for
         # its invocation in them, and the cache holds it)
-        activated = any(adapter_invocation(model, a) is not None
-                        for a in {getattr(seg, "adapter", None) for prog in programs for seg in prog} | {None if mixed else active})
+        named = {getattr(seg, "adapter", None) for r in rows for seg in r.program} | {None if self.mixed else self.active}
+        self.activated = any(adapter_invocation(model, a) is not None for a in named)
         # the activated rows' prompt tails before their invocation: one pass under the base model
-        rest = [r.pending[s - len(p) :] if inv is not None else r.pending for r, p, s, inv in zip(rows, pre, base_end, invs)]
-        base_pass = any(len(x) < len(r.pending) for x, r in zip(rest, rows))
-        if base_pass:
-            for r, x, inv in zip(rows, rest, invs):
+        self.rest = [r.pending[s - len(p) :] if inv is not None else r.pending
+                     for r, p, s, inv in zip(rows, pre, self.base_end, self.invs)]
+        self.base_pass = any(len(x) < len(r.pending) for x, r in zip(self.rest, rows))
+        if self.base_pass:
+            for r, x, inv in zip(rows, self.rest, self.invs):
                 r.pending = r.pending[: len(r.pending) - len(x)] if inv is not None else []
-        switch = stack.enter_context(merged.session(model)) if merged is not None else None
-        while True:
-            run = BASE if base_pass else None
-            if switch is not None and not base_pass:  # one adapter a pass: the rows of the earliest segment first
-                waiting = [r for r in rows if r.pending]
-                run = group(min(waiting, key=lambda r: r.seg)) if waiting else BASE
-            lens = [len(r.pending) if run is None or base_pass or group(r) == run else 0 for r in rows]
-            width = max(lens)
-            if width == 0:
-                break
-            ids = torch.full((B, width), pad, dtype=torch.long)
-            step_mask = torch.zeros((B, width), dtype=torch.long)
-            for b, r in enumerate(rows):
-                if lens[b]:
-                    ids[b, : lens[b]] = torch.tensor(r.pending)
-                    step_mask[b, : lens[b]] = 1
-            ids, step_mask = ids.to(dev), step_mask.to(dev)  # built on the host, moved once per step
-            pos = next_pos[:, None] + torch.arange(width, device=dev)[None, :]
-            cache.reserve(width)
-            cache.mask[:, cache.used : cache.used + width] = step_mask
-            cache.used += width
-            keep = sorted({n_b - 1 for n_b in lens if n_b})  # only the positions whose logits are read
-            if switch is not None:
-                assert run is not None
-                switch(run)
-                o = model(input_ids=ids, attention_mask=cache.mask, position_ids=pos, past_key_values=cache.kv,
-                          use_cache=True, logits_to_keep=torch.tensor(keep, device=dev))
-            else:
-                names = [BASE] * B if base_pass else [adapter(r) for r in rows] if mixed else None
-                o = model(input_ids=ids, attention_mask=cache.mask, position_ids=pos, past_key_values=cache.kv,
-                          use_cache=True, logits_to_keep=torch.tensor(keep, device=dev),
-                          **({"adapter_names": names} if names is not None else {}),
-                          # past its invocation an activated adapter acts on every token fed
-                          **({"alora_offsets": [width] * B} if activated and not base_pass else {}))
-            logits = o.logits.float().cpu()  # the grammar reads a few entries per row: one copy per step
-            next_pos += torch.tensor(lens, device=dev)
-            if base_pass:  # the tails are in the cache: on with the rows' own tokens
-                base_pass = False
-                for r, x in zip(rows, rest):
-                    r.pending = x
-                continue
-            for b, r in enumerate(rows):
-                if lens[b]:
-                    r.pending = []
-                    if r.seg < len(r.program):
-                        eng.step(r, logits[b, keep.index(lens[b] - 1)])
-                    if r.seg >= len(r.program):
-                        r.pending = []  # finished: its last tokens need no logits
-    dt = (time.perf_counter() - t0) / B
-    return [Decoded(r.values, "".join(r.text), len(e), r.out, r.chosen, dt, tuple(r.completion), tuple(r.mask), tuple(r.logps))
-            for r, e in zip(rows, enc)]
+
+    def step(self, switch: Callable[[str], None] | None = None) -> bool:
+        """One forward pass (under merged weights, one adapter a pass through ``switch``; else PEFT's
+        mixed-adapter forward); False, running nothing, when no row has tokens to feed."""
+        import torch
+
+        model, rows, cache, B = self.model, self.rows, self.cache, len(self.rows)
+        run = BASE if self.base_pass else None
+        if switch is not None and not self.base_pass:  # one adapter a pass: the rows of the earliest segment first
+            waiting = [r for r in rows if r.pending]
+            run = self.group(min(waiting, key=lambda r: r.seg)) if waiting else BASE
+        lens = [len(r.pending) if run is None or self.base_pass or self.group(r) == run else 0 for r in rows]
+        width = max(lens)
+        if width == 0:
+            return False
+        dev = model.device
+        ids = torch.full((B, width), self.pad, dtype=torch.long)
+        step_mask = torch.zeros((B, width), dtype=torch.long)
+        for b, r in enumerate(rows):
+            if lens[b]:
+                ids[b, : lens[b]] = torch.tensor(r.pending)
+                step_mask[b, : lens[b]] = 1
+        ids, step_mask = ids.to(dev), step_mask.to(dev)  # built on the host, moved once per step
+        pos = self.next_pos[:, None] + torch.arange(width, device=dev)[None, :]
+        cache.reserve(width)
+        cache.mask[:, cache.used : cache.used + width] = step_mask
+        cache.used += width
+        keep = sorted({n_b - 1 for n_b in lens if n_b})  # only the positions whose logits are read
+        if switch is not None:
+            assert run is not None
+            switch(run)
+            o = model(input_ids=ids, attention_mask=cache.mask, position_ids=pos, past_key_values=cache.kv,
+                      use_cache=True, logits_to_keep=torch.tensor(keep, device=dev))
+        else:
+            names = [BASE] * B if self.base_pass else [self.adapter(r) for r in rows] if self.mixed else None
+            o = model(input_ids=ids, attention_mask=cache.mask, position_ids=pos, past_key_values=cache.kv,
+                      use_cache=True, logits_to_keep=torch.tensor(keep, device=dev),
+                      **({"adapter_names": names} if names is not None else {}),
+                      # past its invocation an activated adapter acts on every token fed
+                      **({"alora_offsets": [width] * B} if self.activated and not self.base_pass else {}))
+        logits = o.logits.float().cpu()  # the grammar reads a few entries per row: one copy per step
+        self.next_pos += torch.tensor(lens, device=dev)
+        if self.base_pass:  # the tails are in the cache: on with the rows' own tokens
+            self.base_pass = False
+            for r, x in zip(rows, self.rest):
+                r.pending = x
+            return True
+        for b, r in enumerate(rows):
+            if lens[b]:
+                r.pending = []
+                if r.seg < len(r.program):
+                    self.eng.step(r, logits[b, keep.index(lens[b] - 1)])
+                if r.seg >= len(r.program):
+                    r.pending = []  # finished: its last tokens need no logits
+        return True
+
+    def finish(self, seconds: float) -> list[Decoded]:
+        """Each row's result, with ``seconds`` (the chunk's) shared evenly among its rows."""
+        dt = seconds / len(self.rows)
+        return [Decoded(r.values, "".join(r.text), len(e), r.out, r.chosen, dt, tuple(r.completion), tuple(r.mask),
+                        tuple(r.logps)) for r, e in zip(self.rows, self.enc)]
