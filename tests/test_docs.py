@@ -1,4 +1,4 @@
-"""Every Python block of the README and the docs' tutorials runs, each in a fresh folder, so the docs cannot
+"""Every Python block of the README, the docs' home page and the tutorials runs, each in a fresh folder, so the docs cannot
 drift from the code. A block that cannot run here in a few seconds says why in its fence
 (```` ```python test="skip" reason="..." ````); one that needs an extra names its module (``needs="gymnasium"``);
 a block whose prints carry ``#>`` lines has them checked (pytest-examples)."""
@@ -6,22 +6,47 @@ a block whose prints carry ``#>`` lines has them checked (pytest-examples)."""
 from pathlib import Path
 
 import pytest
-from pytest_examples import CodeExample, EvalExample, find_examples
+from pytest_examples import EvalExample, find_examples
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "tutorials").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "docs" / "index.md", *sorted((ROOT / "docs" / "tutorials").glob("*.md"))]
 
 
-@pytest.mark.parametrize("example", list(find_examples(*PAGES)), ids=str)
-def test_a_docs_block_runs(example: CodeExample, eval_example: EvalExample, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = example.prefix_settings()
-    if settings.get("test") == "skip":
-        assert settings.get("reason"), f"{example}: a block the tests skip says why (reason=\"...\")"
-        pytest.skip(settings["reason"])
-    if "needs" in settings:
-        pytest.importorskip(settings["needs"])
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_pages_python_blocks_run_in_order(page: Path, eval_example: EvalExample, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page's blocks run one after another in one fresh folder, as a reader following the page would."""
     monkeypatch.chdir(tmp_path)
-    if "#>" in example.source:
-        eval_example.run_print_check(example)
-    else:
-        eval_example.run(example)
+    ran = 0
+    for example in find_examples(page):
+        settings = example.prefix_settings()
+        if settings.get("test") == "skip":
+            assert settings.get("reason"), f"{example}: a block the tests skip says why (reason=\"...\")"
+            continue
+        if "needs" in settings:
+            pytest.importorskip(settings["needs"], reason=f"{example} needs it")
+        try:
+            if "#>" in example.source:
+                eval_example.run_print_check(example)
+            else:
+                eval_example.run(example)
+        except BaseException as err:  # the block's place, then the block's own error
+            raise AssertionError(f"{example}: {type(err).__name__}: {err}") from None
+        ran += 1
+    if not ran:
+        pytest.skip(f"{page.name}: no Python block to run")
+
+
+def test_the_api_reference_documents_every_exported_name() -> None:
+    import re
+
+    import socialworld
+
+    listed = re.findall(r"^::: socialworld\.(\w+)$", (ROOT / "docs" / "reference.md").read_text(), flags=re.M)
+    assert sorted(listed) == sorted(socialworld._EXPORTS) and len(listed) == len(set(listed))
+
+
+def test_every_tutorial_is_on_the_sites_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in (ROOT / "docs" / "tutorials").glob("*.md"):
+        assert f"tutorials/{page.name}" in nav, page.name

@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "load_spec": "socialworld.world.spec",
     "load_builtin_scenarios": "socialworld.world.spec",
     "resolve_scenarios": "socialworld.world.spec",
+    "check_scenario": "socialworld.rollout.check",
     # policies
     "Policy": "socialworld.core",
     "PrivilegedPolicy": "socialworld.core",
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # what type checkers and editors see (``X as X``: re-exported
     from socialworld.records import EpisodeRecord as EpisodeRecord
     from socialworld.records import read_jsonl as read_jsonl
     from socialworld.records import write_jsonl as write_jsonl
+    from socialworld.rollout.check import check_scenario as check_scenario
     from socialworld.rollout.config import EvalConfig as EvalConfig
     from socialworld.rollout.evaluate import EvalResult as EvalResult
     from socialworld.rollout.evaluate import episode_seeds as episode_seeds
