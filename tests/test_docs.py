@@ -1,4 +1,4 @@
-"""Every Python block of the README, the docs' home page and the tutorials runs, each in a fresh folder, so the docs cannot
+"""Every Python block of the README and the site's pages (the experiment logs apart) runs, each in a fresh folder, so the docs cannot
 drift from the code. A block that cannot run here in a few seconds says why in its fence
 (```` ```python test="skip" reason="..." ````); one that needs an extra names its module (``needs="gymnasium"``);
 a block whose prints carry ``#>`` lines has them checked (pytest-examples)."""
@@ -9,7 +9,9 @@ import pytest
 from pytest_examples import EvalExample, find_examples
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", ROOT / "docs" / "index.md", *sorted((ROOT / "docs" / "tutorials").glob("*.md"))]
+PAGES = [p for p in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "tutorials").glob("*.md")))
+         if any(True for _ in find_examples(p))]
+"""the pages with a Python block"""
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -34,7 +36,7 @@ def test_a_pages_python_blocks_run_in_order(page: Path, eval_example: EvalExampl
             raise AssertionError(f"{example}: {type(err).__name__}: {err}") from None
         ran += 1
     if not ran:
-        pytest.skip(f"{page.name}: no Python block to run")
+        pytest.skip(f"{page.name}: every block says why it cannot run here")
 
 
 def test_the_api_reference_documents_every_exported_name() -> None:

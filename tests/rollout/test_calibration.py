@@ -18,7 +18,7 @@ def _aggregates(specs, policy):
 def test_calibration_bands(specs):
     """Metrics contract v2 (contract §5.2): PassRate bands per tier, the oracle also solving."""
     aggs = {p: _aggregates(specs, p) for p in ("random", "expert", "oracle")}
-    for p, by_tier in aggs.items():  # the README's calibration table
+    for p, by_tier in aggs.items():  # docs/results.md's calibration table
         print(p, " ".join(f"{t}: pass {a['pass']:.2f} solve {a['solve']:.2f} steps {a.steps_per_episode:.1f}"
                           for t, a in sorted(by_tier.items())))
     rnd, exp, orc = ({t: a["pass"] for t, a in aggs[p].items()} for p in ("random", "expert", "oracle"))
