@@ -205,6 +205,9 @@ class PolicyStateView:
     repair next"""
     heard: bool = False
     """policy-v11: what people (and the world) said back to the agent's last move, shown before its moves"""
+    futile: bool = False
+    """policy-v12: the latest move says when the rules counted it as changing nothing (a question whose answer
+    the agent had, an offer no better than one made before)"""
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,8 @@ POLICY_PROMPTS: dict[str, PolicyPrompt] = {p.version: p for p in (
                  PolicyStateView(wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True)),
     PolicyPrompt("policy-v11", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(
         wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True, heard=True)),
+    PolicyPrompt("policy-v12", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(
+        wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True, futile=True)),
 )}
 """every prompt version by its name (records name the version they were made under)"""
 POLICY_LAST_MOVES = 3
@@ -249,6 +254,8 @@ POLICY_REPAIR_NEXT = "repair {npc} next"
 POLICY_NO_MOVES = "nothing yet"
 POLICY_HEARD = "Heard: "
 """policy-v11: before the replies to the agent's last move (``speaker: line``, one after another)"""
+POLICY_NO_EFFECT = "no effect"
+"""policy-v12: after the latest move in "You did:" when it changed nothing (``agents.lm.prompts.futile``)"""
 POLICY_FAVOURED = "favoured"
 
 # ---------------------------------------------------------------- the world as tools (TRL's environment_factory)
