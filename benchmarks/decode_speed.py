@@ -27,7 +27,7 @@ def random_recipe_adapters(base: Path, folder: Path) -> dict[str, Path]:
 
     from socialworld.agents.models import load_hf
     from socialworld.bench.config import RECIPE_TRAIN as cfg
-    from socialworld.learn.train import assistant_header, lora_layers
+    from socialworld.learn.trainers.common import assistant_header, lora_layers
 
     out = {}
     for name, seed, activated in (("action", 1, True), ("dialogue", 2, False)):

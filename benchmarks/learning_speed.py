@@ -42,7 +42,8 @@ from socialworld.bench.config import RECIPE_SLEEP, RECIPE_TRAIN
 from socialworld.learn.loop import train_seeds
 from socialworld.learn.pairs.gating import GatingReport
 from socialworld.learn.pairs.sources import Unit, reference_pairs
-from socialworld.learn.train import compute_dtype, train_adapter
+from socialworld.learn.train import train_adapter
+from socialworld.learn.trainers.common import TrainingSet, compute_dtype
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.runner import EpisodeJob, run_episodes
 from socialworld.text.templates import POLICY_PROMPT_VERSION
@@ -101,12 +102,12 @@ def main() -> None:
         row_prompt = [after_system(p.prompt) for p in rows]
         row_reply = [len(tok(p.chosen[0]["content"], add_special_tokens=False)["input_ids"]) for p in rows]
         with tempfile.TemporaryDirectory() as tmp:  # every step's rows read for the first time
-            fresh = train_adapter(bundled_path(), Path(tmp) / "a", replace(recipe, balance=0), pairs=rows[: args.steps * recipe.batch_size])
+            fresh = train_adapter(bundled_path(), Path(tmp) / "a", replace(recipe, balance=0), TrainingSet(tuple(rows[: args.steps * recipe.batch_size])))
         with tempfile.TemporaryDirectory() as tmp:  # two batches' worth: each row comes back from the store
-            kept = train_adapter(bundled_path(), Path(tmp) / "a", replace(recipe, balance=0), pairs=rows[: 2 * recipe.batch_size])
+            kept = train_adapter(bundled_path(), Path(tmp) / "a", replace(recipe, balance=0), TrainingSet(tuple(rows[: 2 * recipe.batch_size])))
         with tempfile.TemporaryDirectory() as tmp:
             words = train_adapter(bundled_path(), Path(tmp) / "a", replace(recipe, decision_weight=0.0, balance=0),
-                                  pairs=rows[: args.steps * recipe.batch_size])
+                                  TrainingSet(tuple(rows[: args.steps * recipe.batch_size])))
         policy = LMPolicy(HFBackend(model, tok, name="bundled", batch_size=args.lm_batch), prompt_version=version, decoding="constrained")
         t0 = time.perf_counter()
         eps = run_episodes(policy, jobs, batch_size=len(jobs))

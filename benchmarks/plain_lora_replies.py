@@ -34,6 +34,7 @@ def main() -> None:
     from socialworld.learn.pairs.gating import GatingReport
     from socialworld.learn.pairs.sources import Unit, reference_pairs
     from socialworld.learn.train import train_adapter
+    from socialworld.learn.trainers.common import TrainingSet
     from socialworld.rollout.runner import EpisodeJob, run_episodes
     from socialworld.world.spec import load_builtin_scenarios
 
@@ -49,9 +50,9 @@ def main() -> None:
             for name, ctx in paths.items():
                 listwise._all_tokens_active = ctx  # type: ignore[assignment]
                 with tempfile.TemporaryDirectory() as tmp:  # every row read for the first time
-                    fresh = train_adapter(bundled_path(), Path(tmp) / "a", replace(recipe, steps=8), pairs=pairs[:32])
+                    fresh = train_adapter(bundled_path(), Path(tmp) / "a", replace(recipe, steps=8), TrainingSet(tuple(pairs[:32])))
                 with tempfile.TemporaryDirectory() as tmp:  # two batches' worth: each row comes back from the store
-                    kept = train_adapter(bundled_path(), Path(tmp) / "a", replace(recipe, steps=args.steps), pairs=pairs[:8])
+                    kept = train_adapter(bundled_path(), Path(tmp) / "a", replace(recipe, steps=args.steps), TrainingSet(tuple(pairs[:8])))
                 got[name].append((fresh.train_seconds / fresh.steps, kept.train_seconds / kept.steps, kept.record.losses[-1]))
     finally:
         listwise._all_tokens_active = plain

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from trl import GRPOConfig, GRPOTrainer
 
     from socialworld.agents.models import auto_dtype
-    from socialworld.learn.train import flat_reward_stop
+    from socialworld.learn.trainers.grpo import flat_reward_stop
 
     if args.model == "bundled":
         from socialworld.agents.models import bundled_path

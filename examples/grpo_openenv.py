@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
     from socialworld.agents.models import auto_dtype
-    from socialworld.learn.train import flat_reward_stop
+    from socialworld.learn.trainers.grpo import flat_reward_stop
     from socialworld.rollout.openenv import SocialWorldClient
 
     if args.model == "bundled":

@@ -546,7 +546,7 @@ def _act_and_talk(tiny_dir, tmp_path):
     import torch
 
     peft = pytest.importorskip("peft")
-    from socialworld.learn.train import assistant_header
+    from socialworld.learn.trainers.common import assistant_header
 
     base, tok = load_hf(tiny_dir, dtype="float32")
     for name, seed, inv in (("act", 1, assistant_header(tok)), ("talk", 2, None)):

@@ -160,7 +160,7 @@ def test_an_activated_adapter_decodes_as_peft_generates(tiny_dir, tmp_path):
     import torch
 
     peft = pytest.importorskip("peft")
-    from socialworld.learn.train import assistant_header
+    from socialworld.learn.trainers.common import assistant_header
 
     base, tok = load_hf(tiny_dir, dtype="float32")
     torch.manual_seed(1)

@@ -195,28 +195,3 @@ def test_policy_v11_says_what_was_said_back_to_the_last_move(specs):
         if NPC_REPLIES["inquire_repeat"].split("}", 1)[1].split("{")[0] in heard[0]:
             seen.add("already told")
     assert seen >= {"silent None", "silent propose", "inquire", "approach", "negotiate", "already told"}, seen
-
-
-def test_policy_v12_marks_a_move_the_rules_counted_as_changing_nothing(specs):
-    """``futile`` reads from the public record exactly what the world penalised as a redundant inquiry
-    or a repeated offer, at every step of random episodes; policy-v12 marks that move in "You did:" and is
-    policy-v10 otherwise."""
-    from socialworld.agents.lm.prompts import futile
-    from socialworld.rollout.runner import decide
-
-    seen = set()
-    for sid, spec in specs.items():
-        for seed in range(1, 9):
-            w, policy = World(spec, seed), make_policy("random", seed=seed)
-            policy.reset(["k"])
-            while not w.done:
-                d = decide(policy, ["k"], [w], [observe(spec, w.pub)])[0]
-                result = w.step(d.action, parse_error=d.parse_error)
-                obs = observe(spec, w.pub)
-                wasted = bool({"redundant_inquiry", "repeated_offer"} & set(result.penalty_reasons))
-                assert futile(obs) == wasted, (sid, seed, obs.moves[-1], result.penalty_reasons)
-                v12 = build_messages(obs, "policy-v12")[1]["content"]
-                v10 = build_messages(obs, "policy-v10")[1]["content"]
-                assert v12 == (v10[:-1] + ", no effect)" if wasted else v10), (v12, v10)
-                seen.add((obs.moves[-1].split("(")[0], wasted))
-    assert {("inquire", True), ("inquire", False), ("negotiate", True), ("negotiate", False)} <= seen, seen

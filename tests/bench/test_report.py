@@ -12,7 +12,7 @@ from socialworld.bench.document import BenchDoc
 from socialworld.bench.protocol import bench_document, remake_reports
 from socialworld.bench.report import markdown, write_reports
 from socialworld.layout import cycle_files
-from socialworld.learn.loop import CycleSummary
+from socialworld.learn.documents import CycleSummary
 from socialworld.metric_registry import KEYS
 from socialworld.metrics.core import aggregate
 from socialworld.records import Message, PromptRec, atomic_write_text, read_document, write_jsonl

@@ -316,7 +316,7 @@ def test_loop_reruns_a_stored_config(tmp_path, monkeypatch):
     import yaml
 
     from socialworld.learn.config import LoopConfig
-    from socialworld.learn.loop import config_doc
+    from socialworld.learn.runconfig import RunConfig
 
     seen = []
     monkeypatch.setattr("socialworld.learn.loop.run_loop", lambda cfg, **_: seen.append(cfg) or [])
@@ -324,15 +324,15 @@ def test_loop_reruns_a_stored_config(tmp_path, monkeypatch):
     stored = replace(stored, sleep=replace(stored.sleep, q_margin=0.2, sources=("action", "dialogue")),
                      train=replace(stored.train, method="sft", balance=3))
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config_doc(stored, {})))
+    path.write_text(yaml.safe_dump(RunConfig(stored, {}).document()))
     r = runner.invoke(app, ["loop", "--config", str(path), "--steps", "9"])
     assert r.exit_code == 0, r.output
     assert seen == [replace(stored, train=replace(stored.train, steps=9))]
-    path.write_text(yaml.safe_dump(config_doc(stored, {}) | {"sleep": {"gatting": "off"}}))
+    path.write_text(yaml.safe_dump(RunConfig(stored, {}).document() | {"sleep": {"gatting": "off"}}))
     r = runner.invoke(app, ["loop", "--config", str(path)])
     assert r.exit_code == 2 and f"{path}: sleep.gatting is not a field of SleepConfig" in " ".join(r.output.split()), r.output
     # a file's values pass the options' checks: a scalar where a list goes, a number written as text, a typo in a choice
-    doc = config_doc(stored, {})
+    doc = RunConfig(stored, {}).document()
     doc["tiers"], doc["train"]["learning_rate"] = "L1", "1e-4"
     del doc["train"]["dtype"], doc["config_version"]  # a v1 run written before the field: it resumes as the code then behaved (float32)
     path.write_text(yaml.safe_dump(doc))

@@ -44,7 +44,7 @@ def test_the_trie_distribution_is_over_the_legal_actions_and_blocks_score_like_s
     import torch
 
     from socialworld.learn.listwise import build_row, row_loss
-    from socialworld.learn.train import load_trainable
+    from socialworld.learn.trainers.common import load_trainable
 
     model, tok = load_trainable(tiny_dir)
     pad = tok.pad_token_id
@@ -87,7 +87,7 @@ def test_an_activated_adapter_scores_candidates_as_peft_runs_it(tiny_dir, layers
     from peft import LoraConfig, get_peft_model
 
     from socialworld.learn.listwise import PromptKV, _block_logps, _forward, build_row, frozen_below, invocation
-    from socialworld.learn.train import assistant_header, load_trainable
+    from socialworld.learn.trainers.common import assistant_header, load_trainable
 
     model, tok = load_trainable(tiny_dir)
     torch.manual_seed(3)
@@ -214,8 +214,10 @@ def test_training_raises_the_probability_of_the_higher_valued_candidate(tiny_dir
     import torch
 
     from socialworld.learn.config import TrainConfig
+    from socialworld.learn.documents import read_train_record
     from socialworld.learn.listwise import build_row, invocation
-    from socialworld.learn.train import load_trainable, read_train_record, train_adapter
+    from socialworld.learn.train import train_adapter
+    from socialworld.learn.trainers.common import TrainingSet, load_trainable
 
     better = {"inquire(ann, food)": 0.2, "propose(food, pizza, all)": 0.6, "wait()": 0.0}
     pairs = [pair(better)]
@@ -226,7 +228,7 @@ def test_training_raises_the_probability_of_the_higher_valued_candidate(tiny_dir
     assert max(zip(row.probs, ("inquire(ann, food)", target)))[1] == target
     with torch.no_grad():
         before = _logps(model, row, tok.pad_token_id)[1]
-    res = train_adapter(tiny_dir, tmp_path / "a", cfg, pairs=pairs)
+    res = train_adapter(tiny_dir, tmp_path / "a", cfg, TrainingSet(tuple(pairs)))
     assert res.steps == 12 and res.record == read_train_record(tmp_path / "a")  # what it returns is what it saved
     trained, _ = load_trainable(tiny_dir, tmp_path / "a")
     assert (invocation(trained) is not None) == activated
@@ -243,7 +245,7 @@ def test_at_weight_zero_the_loss_is_the_words_alone(tiny_dir):
     from peft import LoraConfig, get_peft_model
 
     from socialworld.learn.listwise import _block_logps, _forward, build_row, row_loss
-    from socialworld.learn.train import assistant_header, load_trainable
+    from socialworld.learn.trainers.common import assistant_header, load_trainable
 
     model, tok = load_trainable(tiny_dir)
     model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
@@ -272,7 +274,7 @@ def test_the_replies_run_as_plain_lora_with_peft_alora_s_loss_and_gradients(tiny
 
     import socialworld.learn.listwise as listwise
     from socialworld.learn.listwise import PromptKV, build_row, row_loss
-    from socialworld.learn.train import assistant_header, load_trainable
+    from socialworld.learn.trainers.common import assistant_header, load_trainable
 
     model, tok = load_trainable(tiny_dir)
     torch.manual_seed(5)

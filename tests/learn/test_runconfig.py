@@ -8,8 +8,8 @@ import yaml
 
 from socialworld.bench.config import RECIPE_SLEEP, BenchConfig
 from socialworld.learn.config import LoopConfig, SleepConfig
-from socialworld.learn.loop import _reusable, config_doc, regate, stored_sleep_config
-from socialworld.learn.runconfig import CONFIG_VERSION, migrate, read_resumed
+from socialworld.learn.loop import _reusable, regate, stored_sleep_config
+from socialworld.learn.runconfig import CONFIG_VERSION, RunConfig, migrate, read_resumed
 from socialworld.metrics.core import ContractMismatch
 from socialworld.rundir import RunDir
 
@@ -34,7 +34,7 @@ def as_v1(doc, switches, drop=("sleep.values", "train.dtype", "judge", "metrics_
 def test_a_v1_loop_config_reads_as_the_v2_record_of_the_same_run(tmp_path):
     for name, sleep in (("default", SleepConfig()), ("recipe", RECIPE_SLEEP)):
         cfg = LoopConfig(out=str(tmp_path / name), sleep=sleep)
-        doc = config_doc(cfg, {}) | {"metrics_contract": "metrics-v1", "pair_schema": "pair-v1"}  # what v1 files lacked
+        doc = RunConfig(cfg, {}).document() | {"metrics_contract": "metrics-v1", "pair_schema": "pair-v1"}  # what v1 files lacked
         doc["train"]["dtype"] = "float32"  # v1 trained in float32: its file lacks the field, v2's default is auto
         old = as_v1(doc, V1_SWITCHES[name])
         assert "dtype" not in old["train"] and "sources" not in old["sleep"]
@@ -47,7 +47,7 @@ def test_a_v1_loop_config_reads_as_the_v2_record_of_the_same_run(tmp_path):
 
 
 def test_a_v1_bench_config_reads_as_v2():
-    doc = config_doc(BenchConfig(), {}) | {"metrics_contract": "metrics-v1", "pair_schema": "pair-v1"}
+    doc = RunConfig(BenchConfig(), {}).document() | {"metrics_contract": "metrics-v1", "pair_schema": "pair-v1"}
     old = as_v1(doc, {}, drop=("scenarios", "judge", "user_scenarios", "metrics_contract", "pair_schema"))
     assert migrate(old) == doc and doc["config_version"] == CONFIG_VERSION
 
@@ -60,7 +60,7 @@ def test_an_unknown_version_is_named():
 def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
     """A run folder scored under metrics-v1 (a v1 config without metrics_contract) is never resumed
     by a version that scores under metrics-v2: its numbers would be mixed with ours."""
-    doc = config_doc(LoopConfig(out=str(tmp_path)), {})
+    doc = RunConfig(LoopConfig(out=str(tmp_path)), {}).document()
     assert doc["metrics_contract"] == "metrics-v2"
     RunDir(tmp_path).write_config(as_v1(doc, V1_SWITCHES["default"], drop=("metrics_contract",)))
     with pytest.raises(ContractMismatch, match="scored under metrics-v1.*metrics-v2"):
@@ -70,7 +70,7 @@ def test_a_run_of_another_metrics_contract_is_refused(tmp_path):
 
 
 def test_a_v1_run_of_this_contract_and_pair_format_resumes_and_is_rewritten_as_v2(tmp_path):
-    doc = config_doc(LoopConfig(out=str(tmp_path)), {})
+    doc = RunConfig(LoopConfig(out=str(tmp_path)), {}).document()
     RunDir(tmp_path).write_config(as_v1(doc, V1_SWITCHES["default"], drop=("sleep.values", "judge")))
     RunDir(tmp_path).write_config(doc, read=read_resumed)
     assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == doc
@@ -79,7 +79,7 @@ def test_a_v1_run_of_this_contract_and_pair_format_resumes_and_is_rewritten_as_v
 def test_a_run_of_another_pair_format_is_refused(tmp_path):
     """A run whose action pairs ended at the ACTION line (pair-v1: a v1 config without pair_schema)
     is neither resumed nor re-gated by a version that writes pair-v4: replay would mix the two."""
-    doc = config_doc(LoopConfig(out=str(tmp_path)), {})
+    doc = RunConfig(LoopConfig(out=str(tmp_path)), {}).document()
     assert doc["pair_schema"] == "pair-v4"
     RunDir(tmp_path).write_config(as_v1(doc, V1_SWITCHES["default"], drop=("pair_schema",)))
     with pytest.raises(ValueError, match="training pairs are pair-v1, this version writes pair-v4"):
@@ -91,17 +91,17 @@ def test_a_run_of_another_pair_format_is_refused(tmp_path):
 def test_reuse_from_a_run_of_another_metrics_contract_is_refused(tmp_path):
     src = RunDir(tmp_path / "old")
     cfg = LoopConfig(out=str(tmp_path / "old"))
-    src.write_config(as_v1(config_doc(cfg, {}), V1_SWITCHES["default"], drop=("metrics_contract",)))
+    src.write_config(as_v1(RunConfig(cfg, {}).document(), V1_SWITCHES["default"], drop=("metrics_contract",)))
     (src.root / "note.txt").write_text("x")
     src.commit("note.txt", "test")  # a manifest: a run folder
     mine = LoopConfig(out=str(tmp_path / "new"), reuse_from=str(src.root))
     with pytest.raises(ContractMismatch, match="scored under metrics-v1"):
-        _reusable(mine, config_doc(mine, {}))
+        _reusable(mine, RunConfig(mine, {}).document())
 
 
 def test_a_v3_config_reads_as_v4_with_the_templates_voice():
     for cfg in (LoopConfig(), BenchConfig()):
-        doc = config_doc(cfg, {})
+        doc = RunConfig(cfg, {}).document()
         assert doc["config_version"] == CONFIG_VERSION == "run-config-v4" and doc["npc_voice"] == "template"
         v3 = {k: v for k, v in doc.items() if k != "npc_voice"} | {"config_version": "run-config-v3"}
         assert migrate(v3) == doc

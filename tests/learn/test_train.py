@@ -9,20 +9,12 @@ slow = pytest.mark.slow  # ~35 s of TRL training on 2 cores: run by CI's `pytest
 
 from socialworld.agents.registry import make_policy  # noqa: E402
 from socialworld.learn.config import SleepConfig, TrainConfig
+from socialworld.learn.documents import TRAIN_RECORD, TrainRecord  # noqa: E402
 from socialworld.learn.pairs.gating import GatingReport  # noqa: E402
 from socialworld.learn.pairs.sources import Unit, action_pairs
-from socialworld.learn.train import (  # noqa: E402
-    TRAIN_RECORD,
-    TrainRecord,
-    action_kind,
-    balanced_indices,
-    grpo_rows,
-    lora_layers,
-    planned_steps,
-    policy_rollout,
-    simulator_reward,
-    train_adapter,
-)
+from socialworld.learn.train import train_adapter  # noqa: E402
+from socialworld.learn.trainers.common import TrainingSet, action_kind, balanced_indices, lora_layers, planned_steps  # noqa: E402
+from socialworld.learn.trainers.grpo import policy_rollout, simulator_reward  # noqa: E402
 from socialworld.rollout.runner import EpisodeJob, run_episodes  # noqa: E402
 
 
@@ -62,7 +54,6 @@ def test_balance_repeats_rare_kinds_up_to_the_cap():
 
 def test_balanced_dataset_from_pairs_and_parquet(pairs, tmp_path):
     from socialworld.learn.pairs.record import write_pairs
-    from socialworld.learn.train import _dataset
 
     # the last pair's chosen turn made a rare kind
     last = pairs[-1].chosen[0]["content"].replace("ACTION: propose(", "ACTION: finalize(")
@@ -71,10 +62,10 @@ def test_balanced_dataset_from_pairs_and_parquet(pairs, tmp_path):
     kinds = [action_kind(p.chosen) for p in pairs]
     want = [pairs[i].chosen[0]["content"] for i in balanced_indices(kinds, 3)]
     assert len(set(kinds)) > 1 and len(want) > len(pairs)  # something is repeated
-    for source in (pairs, tmp_path / "pairs.parquet"):
-        assert [m[0]["content"] for m in _dataset(source, "sft", 3)["completion"]] == want
-        assert [m[0]["content"] for m in _dataset(source, "dpo", 3)["chosen"]] == want
-        assert len(_dataset(source, "sft")) == len(pairs)
+    for data in (TrainingSet(tuple(pairs)), TrainingSet.read(tmp_path / "pairs.parquet")):
+        assert [m[0]["content"] for m in data.dataset("sft", 3)["completion"]] == want
+        assert [m[0]["content"] for m in data.dataset("dpo", 3)["chosen"]] == want
+        assert len(data.dataset("sft")) == len(pairs)
 
 
 def _lora_b(path):
@@ -89,11 +80,11 @@ def test_dpo_trains_saves_and_resumes_trainable(tiny_dir, pairs, tmp_path):
 
     cfg = TrainConfig(method="dpo", steps=2, batch_size=2, learning_rate=1e-2, max_length=512)
     write_pairs(tmp_path / "pairs.parquet", pairs)
-    first = train_adapter(tiny_dir, tmp_path / "a1", cfg, pairs=tmp_path / "pairs.parquet")  # the Parquet file as it is
+    first = train_adapter(tiny_dir, tmp_path / "a1", cfg, TrainingSet.read(tmp_path / "pairs.parquet"))
     assert first.steps == 2 and len(first.losses) == 2
     w1 = _lora_b(tmp_path / "a1")
     assert w1 and any(v.abs().sum() > 0 for v in w1.values())  # LoRA B starts at zero: it moved
-    second = train_adapter(tiny_dir, tmp_path / "a2", cfg, pairs=pairs, resume_from=tmp_path / "a1")
+    second = train_adapter(tiny_dir, tmp_path / "a2", cfg, TrainingSet(tuple(pairs)), resume_from=tmp_path / "a1")
     w2 = _lora_b(tmp_path / "a2")
     assert second.steps == 2 and any((w2[k] - w1[k]).abs().sum() > 0 for k in w1)  # the resumed adapter trained
     import json
@@ -102,16 +93,16 @@ def test_dpo_trains_saves_and_resumes_trainable(tiny_dir, pairs, tmp_path):
     assert rows["pairs"] == rows["given"] == len(pairs) and 0 < rows["trained_on"] <= len(pairs)  # counted, prompts over max_length dropped
     # TRL drops every row whose prompt fills max_length: that is an error naming the setting, not a crash deep in TRL
     with pytest.raises(ValueError, match="max_length=16"):
-        train_adapter(tiny_dir, tmp_path / "a3", TrainConfig(method="dpo", steps=1, batch_size=2, max_length=16), pairs=pairs)
+        train_adapter(tiny_dir, tmp_path / "a3", TrainConfig(method="dpo", steps=1, batch_size=2, max_length=16), TrainingSet(tuple(pairs)))
     assert not (tmp_path / "a3").exists()
 
 
 @slow
 def test_sft_and_grpo_with_the_simulator_reward(specs, tiny_dir, pairs, tmp_path):
-    sft = train_adapter(tiny_dir, tmp_path / "sft", TrainConfig(method="sft", steps=1, batch_size=2, lora_upper=0.5), pairs=pairs)
+    sft = train_adapter(tiny_dir, tmp_path / "sft", TrainConfig(method="sft", steps=1, batch_size=2, lora_upper=0.5), TrainingSet(tuple(pairs)))
     assert sft.steps == 1 and (tmp_path / "sft" / "adapter_config.json").exists()
     assert {k.split(".layers.")[1].split(".")[0] for k in _lora_b(tmp_path / "sft")} == {"1"}  # the upper of 2 layers only
-    rows = grpo_rows(pairs)
+    rows = TrainingSet(tuple(pairs)).states()
     reward = simulator_reward(specs)
     good = [{"role": "assistant", "content": "ACTION: wait()\nSAY: one moment"}]
     got = reward([rows[0]["prompt"]] * 2, [good, [{"role": "assistant", "content": "nonsense"}]],
@@ -119,7 +110,7 @@ def test_sft_and_grpo_with_the_simulator_reward(specs, tiny_dir, pairs, tmp_path
     assert got[1] < got[0]  # unparseable output gets the penalty
     grpo = train_adapter(tiny_dir, tmp_path / "grpo", TrainConfig(method="grpo", steps=2, batch_size=4, num_generations=4,
                                                                   max_completion_length=8),
-                         grpo_rows=rows[:2], specs=specs)
+                         TrainingSet(tuple(p for p in pairs if p.track == "action" and p.snapshot is not None)[:2], specs))
     assert grpo.steps == 2 and (tmp_path / "grpo" / "adapter_model.safetensors").exists()
     record = TrainRecord.model_validate_json((tmp_path / "grpo" / TRAIN_RECORD).read_text())
     assert min(record.reward_zero_std) < 1  # the sampled legal moves lead apart: some group has an advantage
@@ -136,7 +127,7 @@ def test_grpo_samples_the_policys_own_legal_turns_and_trains_only_what_it_chose(
     from socialworld.world.visibility import observe
 
     model, tok = load_hf(tiny_dir, dtype="float32")
-    rows = grpo_rows(pairs)[:2]
+    rows = TrainingSet(tuple(pairs)).states()[:2]
     prompts = [rows[0]["prompt"]] * 4 + [rows[1]["prompt"]] * 4  # as TRL's sampler repeats a group's prompt
     trainer = SimpleNamespace(model=model)
     got = policy_rollout(rows, specs, tok, seed=0)(prompts, trainer)
@@ -158,7 +149,7 @@ def test_deployed_policy_records_both_adapters(specs, tiny_dir, pairs, tmp_path)
 
     cfg = TrainConfig(method="sft", steps=1, batch_size=2)
     for track in ("action", "dialogue"):
-        train_adapter(tiny_dir, tmp_path / track, cfg, pairs=pairs)
+        train_adapter(tiny_dir, tmp_path / track, cfg, TrainingSet(tuple(pairs)))
     pol = make_lm_policy(str(tiny_dir), dtype="float32", batch_size=4,
                          adapters={"action": str(tmp_path / "action"), "dialogue": str(tmp_path / "dialogue")})
     ep = run_episodes(pol, [EpisodeJob(specs["team_lunch-v1"], 3)])[0]
@@ -178,13 +169,13 @@ def test_completion_only_loss_equals_trls(tiny_dir, pairs, tmp_path, monkeypatch
     activated adapter's too (PEFT finds its invocation in each row: the loss moves, it is trained)."""
     from trl import SFTTrainer
 
-    import socialworld.learn.train as train_mod
+    import socialworld.learn.trainers.sft as sft
 
     cfg = TrainConfig(method="sft", steps=2, batch_size=2, dtype="float32", max_length=1024, activated=activated,
                       learning_rate=1e-2)
-    ours = train_adapter(tiny_dir, tmp_path / "ours", cfg, pairs=pairs)
-    monkeypatch.setattr(train_mod, "_completion_sft_trainer", lambda: SFTTrainer)
-    trls = train_adapter(tiny_dir, tmp_path / "trl", cfg, pairs=pairs)
+    ours = train_adapter(tiny_dir, tmp_path / "ours", cfg, TrainingSet(tuple(pairs)))
+    monkeypatch.setattr(sft, "completion_sft_trainer", lambda: SFTTrainer)
+    trls = train_adapter(tiny_dir, tmp_path / "trl", cfg, TrainingSet(tuple(pairs)))
     assert ours.losses == pytest.approx(trls.losses, rel=1e-4) and len(ours.losses) == 2
 
 
@@ -198,9 +189,10 @@ def test_adapter_hash_is_the_same_across_processes_and_hash_seeds(tiny_dir, pair
     from socialworld.learn.pairs.record import write_pairs
 
     write_pairs(tmp_path / "pairs.parquet", pairs)
-    code = ("import sys; from socialworld.learn.train import TrainConfig, train_adapter; "
+    code = ("import sys; from socialworld.learn.config import TrainConfig; from socialworld.learn.train import train_adapter; "
+            "from socialworld.learn.trainers.common import TrainingSet; "
             "train_adapter(sys.argv[1], sys.argv[2], TrainConfig(method='sft', steps=2, batch_size=2, dtype='float32'), "
-            "pairs=sys.argv[3])")
+            "TrainingSet.read(sys.argv[3]))")
     for seed in ("1", "2"):
         subprocess.run([sys.executable, "-c", code, str(tiny_dir), str(tmp_path / f"a{seed}"), str(tmp_path / "pairs.parquet")],
                        check=True, env=os.environ | {"PYTHONHASHSEED": seed}, capture_output=True)
@@ -222,7 +214,7 @@ def test_an_adapter_naming_the_bundled_base_trains_on_without_a_hub_lookup(tiny_
     cfg = TrainConfig(method="sft", steps=1, batch_size=2, max_length=512)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        train_adapter(tiny_dir, tmp_path / "a1", cfg, pairs=pairs, resume_from=tmp_path / "a0")
+        train_adapter(tiny_dir, tmp_path / "a1", cfg, TrainingSet(tuple(pairs)), resume_from=tmp_path / "a0")
     assert not [w for w in seen if "bundled" in str(w.message) and ("remote" in str(w.message) or "config" in str(w.message))]
 
 
@@ -232,7 +224,7 @@ def test_the_flat_reward_watchdog_stops_after_its_patience_and_says_why():
     pytest.importorskip("transformers")
     from transformers import TrainerControl, TrainerState
 
-    from socialworld.learn.train import flat_reward_stop
+    from socialworld.learn.trainers.grpo import flat_reward_stop
 
     def run(patience, shares):
         dog, state, stopped_at = flat_reward_stop(patience), TrainerState(), None
@@ -261,7 +253,7 @@ def test_grpo_rewards_are_the_steps_exact_returns_reproducibly(specs, pairs):
 
     build = PairBuild(rollouts=2, horizon=6, discount=0.9)
     told_apart = {"step": 0, "return": 0}
-    for row in grpo_rows(pairs)[:4]:
+    for row in TrainingSet(tuple(pairs)).states()[:4]:
         w = World.restore(row["snapshot"], specs[row["scenario_id"]])
         legal = legal_actions(observe(w.spec, w.pub))
         turns = [[{"role": "assistant", "content": f"ACTION: {a.key}\nSAY: ok"}] for a in legal] + \

@@ -87,7 +87,7 @@ class Done:
         approached: set[str] = set()
         offered: set[tuple[str, str, str, str]] = set()
         pressed: set[tuple[str, str, str]] = set()
-        for a in taken(moves):
+        for a in _taken(moves):
             if a.kind == "inquire":
                 asked[(a.npc, a.slot)] += 1
             elif a.kind == "approach" and a.npc is not None:
@@ -108,13 +108,13 @@ def repair_next(obs: Observation, quarrel: ConflictView, since: int = 0) -> str:
     a, b = quarrel.npcs
     if quarrel.repaired:
         return b if quarrel.repaired[0] == a else a
-    tries = [m.npc for m in taken(obs.moves[since:]) if m.kind == "repair" and m.npc in quarrel.npcs]
+    tries = [m.npc for m in _taken(obs.moves[since:]) if m.kind == "repair" and m.npc in quarrel.npcs]
     if tries:
         return b if tries[-1] == a else a
     cue = {n.id: n.cue_bucket for n in obs.npcs}
     return min(quarrel.npcs, key=lambda n: MOOD_BUCKETS.index(cue[n] or "mid"))
 
 
-def taken(moves: Sequence[str]) -> list[Action]:
+def _taken(moves: Sequence[str]) -> list[Action]:
     """The moves the world executed, parsed (illegal and unparseable ones changed nothing)."""
     return [Action.parse(k) for k in moves if not k.endswith("(illegal)") and k != "(unparseable)"]

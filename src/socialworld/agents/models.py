@@ -282,9 +282,8 @@ def bundled_path() -> Path:
 
 
 def auto_dtype() -> str:
-    """bfloat16 on CUDA or on CPUs with native bf16 (avx512_bf16 / AMX), else float32.
-    Measured here (AMD EPYC, AVX2 only): bf16 13 tok/s vs fp32 42 tok/s at batch 8 — emulated
-    bf16 is 3x slower, so the choice must follow the hardware."""
+    """bfloat16 on CUDA or on CPUs with native bf16 (avx512_bf16 / AMX), else float32: where bf16 is
+    emulated it is slower than float32, so the choice must follow the hardware."""
     import torch
 
     if torch.cuda.is_available():

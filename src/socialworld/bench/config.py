@@ -23,8 +23,8 @@ RECIPE_SLEEP = SleepConfig(sources=("action", "reference", "dialogue", "utteranc
 """The sleep that teaches (DAgger): the expert's own actions at its states on training seeds, the
 expert's label at every state of the policy's wake where it disagrees, and earlier cycles' pairs
 replayed (up to half as many as this cycle's: no forgetting, without drowning the new tier). The
-label is the only target (``values`` off: the imagined values contradicted themselves,
-docs/experiments/2026-11-27-labels-not-values.md); 4 discounted expert continuations per candidate
+label is the only target (``values`` off: imagined values disagree between equal states,
+design.md "labels, not values"); 4 discounted expert continuations per candidate
 pick each reference state's rejected side and its quality; up to 24 pairs per template key (the
 default 6 dropped the repeats of a scenario's equal first states that the expert's 12 reference
 episodes a scenario make)."""
@@ -37,14 +37,14 @@ state's legal actions (the label's log-probability over the legal set, weight 1)
 likelihood of the BELIEF and SAY lines; an activated adapter (the prompt read by the base model, the
 reply by the adapter: each prompt read once a step without gradient); LoRA on every linear layer
 of the upper half, lr 1e-3 (what fitted the labels, docs/design.md), each action kind weighted
-toward the most common one (rows repeated up to twice), 400 steps a cycle (two passes over cycle
-2's rows: 200 left the last cycles under-fitted), bf16 where native. The first recipe to pass 0.40
-of the main job's last cycle (docs/experiments/2026-11-28-four-hundred-steps.md)."""
+toward the most common one (rows repeated up to twice), 400 steps a cycle (enough passes over a
+cycle's rows to fit them; fewer left the last cycles under-fitted), bf16 where native (design.md,
+the learning recipe)."""
 
 
 VALUES_SLEEP = replace(RECIPE_SLEEP, values="imagined")
-"""The value recipe, studied and not taken (docs/experiments/2026-11-27-labels-not-values.md: equal
-states got different top targets, and a lookahead that followed them passed less than the expert):
+"""The value recipe, studied and not taken (design.md "labels, not values": equal states got different
+top targets, and a lookahead that followed them passed less than the expert):
 the default's sleep, and at every labelled state the value of every scored candidate (up to
 ``max_candidates`` legal actions, the label and the taken action), each the mean of 4 discounted
 expert continuations in imagined worlds (preferences redrawn to agree with the public record).
@@ -107,7 +107,7 @@ class BenchConfig:
                 "or fixed (static: every tier every cycle, E6)"})
     adaptive_threshold: float = field(default=0.5, metadata={"check": SHARE, "help": "adaptive unlocking threshold"})
     seed: int = field(default=0, metadata={"check": at_least(0), "help": "run seed (evaluation, training and bootstrap seeds derive from it)"})
-    lm_batch_size: int = field(default=48, metadata={"check": at_least(1), "help": "prompts per forward pass (48: the default preset's whole lockstep batch; 12 and 48 measured within noise of each other on a 2-core CPU)"})
+    lm_batch_size: int = field(default=48, metadata={"check": at_least(1), "help": "prompts per forward pass (48: the default preset's whole lockstep batch in one)"})
     resamples: int = field(default=10_000, metadata={"check": at_least(1), "help": "bootstrap resamples per interval"})
     scenarios: tuple[str, ...] = field(default=(), metadata={"commas": False, "help": (
         "scenario ids or YAML paths of your own (repeatable), instead of the preset's; each unlocks with its tier "

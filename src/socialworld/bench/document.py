@@ -18,7 +18,8 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator
 
-from socialworld.learn.loop import CycleSummary
+from socialworld.bench.config import BenchConfig
+from socialworld.learn.documents import CycleSummary
 from socialworld.metrics.stats import Interval, PerMetric, only_registered
 from socialworld.records import Document
 from socialworld.rollout.evaluate import VoiceEffect
@@ -75,6 +76,15 @@ class HeldOut(Document):
     """arm -> scenario -> PassRate"""
 
 
+def typed_config(config: dict[str, Any]) -> BenchConfig:
+    """A recorded bench configuration (``config`` of ``bench.json`` or ``suite.json``: its ``config.yaml``
+    without the fields that only change how a run executes) as the typed config; fields an older document
+    lacks take their defaults."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(BenchConfig).validate_python(config)
+
+
 class BenchDoc(Document):
     """``bench.json``: every number of the report (:func:`socialworld.bench.protocol.bench_document`)."""
 
@@ -83,7 +93,7 @@ class BenchDoc(Document):
     """the protocol's version (``ascent-bench-v1``)"""
     metrics_contract: str
     config: dict[str, Any]
-    """the bench's configuration as its ``config.yaml`` records it"""
+    """the bench's configuration as its ``config.yaml`` records it (typed: :attr:`run_config`)"""
     preset: dict[str, Any]
     thresholds: Thresholds
     steps_per_episode: dict[str, float]
@@ -109,6 +119,11 @@ class BenchDoc(Document):
     voice_effect: dict[str, VoiceEffect] = {}
     """with ``--npc-voice``: arm -> voiced − template on its last-cycle episodes, the same seeds played again
     by the same policy with the template lines (absent without a voice)"""
+
+    @property
+    def run_config(self) -> BenchConfig:
+        """:attr:`config`, typed"""
+        return typed_config(self.config)
 
 
 class SameRun(Document):
@@ -143,8 +158,14 @@ class SuiteDoc(Document):
     metrics_contract: str
     suite: str
     config: dict[str, Any]
+    """the bench's configuration as its ``config.yaml`` records it (typed: :attr:`run_config`)"""
     preset: dict[str, Any]
     full: str
     """the variant without overrides, the others' comparison"""
     variants: dict[str, VariantRow | SameRun]
     """the untrained model's row first, then each variant's"""
+
+    @property
+    def run_config(self) -> BenchConfig:
+        """:attr:`config`, typed"""
+        return typed_config(self.config)

@@ -78,7 +78,7 @@ def pool_benches(folders: Sequence[str | Path], resamples: int = 10_000, seed: i
         diff = sorted(k for k in shared.keys() | _shared(d).keys() if shared.get(k) != _shared(d).get(k))
         if diff:
             raise ValueError(f"{f}: its config differs from {folders[0]}'s in {', '.join(diff)}: only runs of one config pool")
-    seeds = [d.config["seed"] for d in docs]
+    seeds = [d.run_config.seed for d in docs]
     if len(set(seeds)) < len(seeds):
         raise ValueError(f"the benches must be of distinct run seeds, not {seeds}")
     kw = {"resamples": resamples, "seed": seed}
@@ -91,7 +91,7 @@ def pool_benches(folders: Sequence[str | Path], resamples: int = 10_000, seed: i
         aside = holdout_episodes(f, max(per_cycle), proxies, scenarios)
         last.append(eps)
         held.append(aside)
-        runs.append(PoolRun(folder=str(f), seed=d.config["seed"], minutes=round(sum(s for _, s in phase_seconds(f)) / 60, 1),
+        runs.append(PoolRun(folder=str(f), seed=d.run_config.seed, minutes=round(sum(s for _, s in phase_seconds(f)) / 60, 1),
                             passed={arm: _pass_by_tier(e) for arm, e in eps.items()}, forgetting=d.forgetting.get("B", {}),
                             holdout={arm: _pass(e) for arm, e in aside.items()}))
     arms = [a for a in last[0] if all(a in run for run in last)]

@@ -44,20 +44,12 @@ from socialworld.bench.document import (
     VariantRow,
 )
 from socialworld.layout import BENCH_LOOP, cycle_files
-from socialworld.learn.config import LoopConfig
-from socialworld.learn.loop import (
-    CycleSummary,
-    Progress,
-    check_model,
-    check_unlockable,
-    config_doc,
-    held_out,
-    regate,
-    run_loop,
-)
-from socialworld.learn.runconfig import EXECUTION_FIELDS, read_resumed
+from socialworld.learn.checks import check_model, check_unlockable, held_out
+from socialworld.learn.config import LoopConfig, Progress
+from socialworld.learn.documents import CycleSummary, read_train_record
+from socialworld.learn.loop import regate, run_loop
+from socialworld.learn.runconfig import EXECUTION_FIELDS, RunConfig, read_resumed
 from socialworld.learn.scenarios import RunScenarios, run_scenarios
-from socialworld.learn.train import read_train_record
 from socialworld.metric_registry import KEYS, PASS
 from socialworld.metrics.core import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate, group_by
 from socialworld.metrics.diagnostics import coverage, failure_counts
@@ -125,7 +117,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print, progress: Pr
     if cfg.ray:
         ray_init(cfg.ray)  # a wrong address fails here, not after the first cycles
     run = RunDir(cfg.out)
-    run.write_config(config_doc(recorded(cfg, scenarios), scenarios.user), read=read_resumed)
+    run.write_config(RunConfig(recorded(cfg, scenarios), scenarios.user).document(), read=read_resumed)
     summaries = run_loop(cfg.loop_config(), log=log, progress=progress)
     jobs = eval_jobs(cfg, scenarios)
     voice = functools.cache(lambda: make_voice(cfg.npc_voice, batch_size=cfg.lm_batch_size))  # loaded by the first arm run
@@ -476,7 +468,7 @@ def run_suite(cfg: BenchConfig, suite: str, log: Callable[[str], None] = print, 
     if cfg.ray:
         ray_init(cfg.ray)
     run = RunDir(Path(cfg.out) / suite)
-    cfg_doc = config_doc(recorded(cfg, scenarios), scenarios.user)
+    cfg_doc = RunConfig(recorded(cfg, scenarios), scenarios.user).document()
     first = variant_config(cfg, suite, full, reuse_from="")
     check_model(first)  # before the run folder: a judge or model that does not load fails now
     run.write_config(cfg_doc, read=read_resumed)

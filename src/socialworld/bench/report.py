@@ -163,20 +163,20 @@ def cut_note(doc: BenchDoc) -> str | None:
     cap = doc.preset.get("max_turns", 0)
     if not cap:
         return None
-    return (f"A smoke-sized run: every episode stops after {cap} turns (preset `{doc.config['preset']}`), before most "
+    return (f"A smoke-sized run: every episode stops after {cap} turns (preset `{doc.run_config.preset}`), before most "
             "scenarios can be settled, so few or no episodes pass in any arm, the oracle's too, and the plots have little "
             "to draw. It shows that the protocol runs end to end, not what the policy learns: the `default` preset does.")
 
 
 def markdown(doc: BenchDoc) -> str:
-    cfg = doc.config
+    cfg = doc.run_config
     note = cut_note(doc)
     out = [f"# ASCENT-Bench report ({doc.version}, {doc.metrics_contract})", "", *([f"**{note}**", ""] if note else []),
-           f"Model `{cfg['model']}`, preset `{cfg['preset']}`, seed {cfg['seed']}, unlocking `{cfg['unlock']}`; "
+           f"Model `{cfg.model}`, preset `{cfg.preset}`, seed {cfg.seed}, unlocking `{cfg.unlock}`; "
            f"Pass iff CR >= {doc.thresholds.CR} and D >= {doc.thresholds.D} and no guard is broken; "
            "Solved iff every decision is finalized and no guard is broken (CR counts decisions and conflicts only). "
            f"Mean steps per episode: {', '.join(f'{a} {v:.1f}' for a, v in doc.steps_per_episode.items())}. "
-           f"Arms: A untrained, B closed loop, C {cfg['proxy'] or 'expert'}; oracle and random as references. "
+           f"Arms: A untrained, B closed loop, C {cfg.proxy or 'expert'}; oracle and random as references. "
            f"Episodes per arm: {doc.episodes_per_arm}.", ""]
     for title, fn in TABLES:
         head, rows = fn(doc)
@@ -230,7 +230,8 @@ def suite_notes(doc: SuiteDoc) -> list[str]:
 
 
 def suite_intro(doc: SuiteDoc) -> str:
-    return (f"Preset `{doc.config['preset']}` ({doc.preset}), seed {doc.config['seed']}; every variant under the same "
+    cfg = doc.run_config
+    return (f"Preset `{cfg.preset}` ({doc.preset}), seed {cfg.seed}; every variant under the same "
             "protocol, budget and evaluation seeds, reusing the same untrained wake data. Intervals: 95% bootstrap; "
             "differences paired on the same episodes.")
 
@@ -582,14 +583,14 @@ def html_report(doc: BenchDoc, images: dict[str, str], episodes: list[dict], sha
     figs = "".join(f'<figure><img alt="{name}" src="data:image/png;base64,{b64}"></figure>' for name, b64 in images.items())
     data = json.dumps(episodes).replace("<", "\\u003c")  # no "</script>" or "<!--" can end the script element
     texts = json.dumps(list(shared)).replace("<", "\\u003c")
-    cfg = doc.config
+    cfg = doc.run_config
     filters = "".join(f'<label>{name} <select id="f-{name}"><option value="">any</option></select></label>'
                       for name in ("arm", "cycle", "scenario", "tier", "outcome"))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ASCENT-Bench report</title><style>{CSS}</style></head>
 <body><h1>ASCENT-Bench report</h1>
 {f'<p class="note"><b>{html.escape(note).replace("`", "")}</b></p>' if (note := cut_note(doc)) else ""}
-<p>{html.escape(doc.version)} · {html.escape(doc.metrics_contract)} · model <code>{html.escape(cfg['model'])}</code> · preset <code>{html.escape(cfg['preset'])}</code>
-· seed {cfg['seed']} · unlocking <code>{html.escape(cfg['unlock'])}</code> · Pass iff CR &ge; {doc.thresholds.CR} and D &ge; {doc.thresholds.D} and no guard is broken
+<p>{html.escape(doc.version)} · {html.escape(doc.metrics_contract)} · model <code>{html.escape(cfg.model)}</code> · preset <code>{html.escape(cfg.preset)}</code>
+· seed {cfg.seed} · unlocking <code>{html.escape(cfg.unlock)}</code> · Pass iff CR &ge; {doc.thresholds.CR} and D &ge; {doc.thresholds.D} and no guard is broken
 · Solved iff every decision is finalized and no guard is broken. Intervals are 95% percentile bootstrap intervals over n episodes;
 a table row's first cell opens its episodes in the viewer.</p>
 {tables}<h2>Plots</h2>{figs}

@@ -4,13 +4,14 @@ import: the command line builds its options from them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Any, Callable, Literal
 
 PairSource = Literal["action", "reference", "dialogue", "utterance", "judge"]
 """The pair sources (:data:`socialworld.learn.pairs.sources.SOURCES`), by name."""
 
 from socialworld.agents.models import TRACKS, parse_model_spec
 from socialworld.config import SHARE, FieldError, above, at_least, check_fields, within
+from socialworld.learn.trainers.options import DPOOptions, GRPOOptions, ListwiseOptions
 from socialworld.rollout.config import NPC_VOICE_HELP, RAY_HELP, check_judge, check_npc_voice, check_ray
 
 
@@ -96,7 +97,10 @@ class SleepConfig(Gating, PairBuild):
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainOptions:
+    """The options every training method reads: which method, how long, the LoRA adapter, the dtype.
+    Each method's own options live beside its trainer (:mod:`socialworld.learn.trainers`)."""
+
     method: Literal["dpo", "sft", "grpo", "listwise"] = field(default="dpo", metadata={"help": (
         "dpo, sft or grpo (TRL's trainers), or listwise (the policy's distribution over legal actions fitted to soft "
         "targets from the simulator's values of every scored candidate, the belief and words by likelihood: "
@@ -114,28 +118,13 @@ class TrainConfig:
     target_modules: tuple[str, ...] = field(default=("q_proj", "k_proj", "v_proj", "o_proj"),
                                             metadata={"help": "modules that get LoRA weights"})
     beta: float = field(default=0.1, metadata={"check": at_least(0), "help": "DPO/GRPO KL strength"})
-    sft_weight: float = field(default=1.0, metadata={"check": at_least(0), "help": (
-        "DPO: add this weight times the NLL of the chosen completion (TRL loss_type ['sigmoid', 'sft'], as in RPO); "
-        "0 = plain DPO, which pushed the bundled model's mass onto an action no pair chose")})
     max_length: int = field(default=768, metadata={"check": at_least(1), "help": "truncate prompt+completion to this many tokens"})
-    num_generations: int = field(default=4, metadata={"check": at_least(1), "help": "GRPO: completions per prompt"})
-    max_completion_length: int = field(default=48, metadata={"check": at_least(1), "help": "GRPO: tokens per sampled completion"})
-    flat_reward_patience: int = field(default=5, metadata={"check": at_least(0), "help": (
-        "GRPO: stop, saying so, once every group's rewards were equal (no advantage, no gradient) for this many "
-        "steps in a row; 0: never")})
     lora_upper: float = field(default=1.0, metadata={"check": within(0, 1, low_open=True), "help": (
         "share of the transformer layers, counted from the top, that get LoRA (1: all; 0.5: the upper half, "
         "where the backward pass then stops)")})
     dtype: Literal["auto", "float32", "bfloat16"] = field(default="auto", metadata={"help": (
         "compute dtype: bfloat16 autocast over fp32 weights where the hardware has native bf16 (CUDA, avx512_bf16, AMX), "
         "else float32 (auto); emulated bf16 is slower than fp32")})
-    value_temperature: float = field(default=0.05, metadata={"check": above(0), "help": (
-        "listwise: temperature of the soft target over the candidates (in units of value)")})
-    value_margin: float = field(default=0.05, metadata={"check": at_least(0), "help": (
-        "listwise: a candidate joins the target beside chosen only when its value beats chosen's by this much")})
-    decision_weight: float = field(default=0.2, metadata={"check": at_least(0), "help": (
-        "listwise: weight W of the decision's term against the per-token likelihood of the belief and words "
-        "(the action track's; a loop's dialogue track trains at 0: the words alone)")})
     activated: bool = field(default=False, metadata={"help": (
         "LoRA acts from the reply's assistant header on, the prompt read by the base model (PEFT's activated LoRA, "
         "alora_invocation_tokens): listwise then reads each batch's prompts once without gradient and trains on the "
@@ -145,6 +134,15 @@ class TrainConfig:
         "recompute activations in the backward pass (TRL's own default is on: it saves memory and costs time; "
         "a 135M model needs no saving)")})
 
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class TrainConfig(ListwiseOptions, GRPOOptions, DPOOptions, TrainOptions):
+    """Training's settings, one flat config as the command line and a run's ``config.yaml`` show them: the
+    common options (:class:`TrainOptions`) and each method's own (DPO's, GRPO's, listwise's, from their
+    trainers' modules); SFT has none of its own."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -213,3 +211,7 @@ class LoopConfig:
             raise FieldError("model", "must be bundled or a model folder without adapters (the loop trains a local model), "
                              f"got {self.model!r}")
         check_judge(self.judge)
+
+
+Progress = Callable[[str, int], Callable[[Any], None]]
+"""``progress(description, total)`` -> a per-item callback (the command line draws bars with it)."""

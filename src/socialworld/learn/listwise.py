@@ -21,28 +21,25 @@ simulator's improvement takes the mass. The loss per state is
 
 the words and belief by plain next-token likelihood (the warm start, what SFT taught), the
 decision by the listwise term only: a gradient that moves mass among legal actions alone, never
-toward text the decoder cannot write. :data:`DECISION_WEIGHT` is measured, not derived: at 1 the
-decision's summed log-probabilities (ten nats and more untrained) dominated each row's clipped
-gradient and the words were learned three times slower than by cloning; at 0.2 both the words and
-the decision fitted better after the same steps; at cloning's own share (the decision's few branch
-tokens among about 80 of the turn) a tiny model's decision barely moved in 20 steps
-(docs/experiments/2026-11-26-listwise-values.md). A pair without candidates has the support {chosen}
-(and without a legal set its action is learned by likelihood too). The bench's recipe
-(``bench.RECIPE_TRAIN``) sets W = 1 on an activated adapter, with the label as the only target:
-400 steps a cycle fit both terms there (docs/experiments/2026-11-28-four-hundred-steps.md).
+toward text the decoder cannot write. :data:`DECISION_WEIGHT` is chosen, not derived: the decision's
+summed log-probabilities (many nats untrained) can dominate a row's clipped gradient and slow the
+words, while at cloning's own share (the decision's few branch tokens among a turn's many) the
+decision barely moves. A pair without candidates has the support {chosen} (and without a legal set
+its action is learned by likelihood too). The bench's recipe (``bench.RECIPE_TRAIN``) sets W = 1 on
+an activated adapter, with the label as the only target, and trains long enough to fit both terms
+(design.md, the learning recipe).
 
 One row per state: the prompt and the BELIEF line once, then one block per support candidate
 (its action tokens; chosen's followed by its SAY line), each block attending to the shared prefix
 and to itself (a 4-D attention mask, position ids continuing the prefix): one forward pass scores
 every candidate. TRL has no listwise trainer; this one is a plain AdamW loop over the PEFT model
-(the same LoRA layers, saving, record and seeds as :func:`socialworld.learn.train.train_adapter`).
+(the same LoRA layers, saving, record and seeds as TRL's: :mod:`socialworld.learn.trainers.listwise`).
 
 An *activated* adapter (PEFT's aLoRA: ``alora_invocation_tokens``, the chat template's assistant
 header; :attr:`TrainConfig.activated`) acts from the reply's header on: the prompt is the base
 model's. Each batch then reads its prompts once under the base model without gradient (their KV
 cache) and runs only the replies (header, BELIEF line, candidate blocks) through the adapter: the
-prompt's ~400 tokens never enter the backward pass, about a third of a step's cost here
-(docs/experiments/2026-11-27-activated-adapter.md). The base model's weights never change, so
+prompt, most of a row's tokens, never enters the backward pass. The base model's weights never change, so
 neither does a prompt's KV, nor, below the first layer the adapter trains, the reply's hidden
 states: :class:`PromptKV` keeps each row's (up to :data:`PROMPT_KV_BYTES`), and a row seen again in a
 later pass skips its prompt and runs its reply through the adapted layers alone (the upper half for

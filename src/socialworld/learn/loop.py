@@ -33,28 +33,29 @@ import math
 import shutil
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Final, Literal, Sequence
-
-from pydantic import model_validator
+from typing import Callable, Sequence
 
 from socialworld.agents.lm.policy import SAY_TOKENS
-from socialworld.agents.models import TRACKS, check_loads, parse_model_spec
-from socialworld.agents.registry import check_voice, make_policy, make_voice
+from socialworld.agents.models import TRACKS
+from socialworld.agents.registry import make_policy, make_voice
 from socialworld.layout import SCENARIO_STORE, CycleFiles, cycle_files
-from socialworld.learn.config import LoopConfig, PairBuild, SleepConfig, TrainConfig
+from socialworld.learn.checks import base_path, check_model, check_unlockable, held_out
+from socialworld.learn.config import LoopConfig, PairBuild, Progress, SleepConfig, TrainConfig
+from socialworld.learn.documents import CycleSummary, read_train_record
 from socialworld.learn.listwise import PromptKV
 from socialworld.learn.pairs.gating import Gating, GatingReport, read_gating, screen_and_gate
 from socialworld.learn.pairs.record import PAIR_SCHEMA, read_pairs, write_pairs
 from socialworld.learn.pairs.sleep import run_sleep
 from socialworld.learn.pairs.sources import SleepInputs
-from socialworld.learn.runconfig import CONTRACT_KEY, PAIRS_KEY, RunConfig, read_resumed, read_stored
-from socialworld.learn.scenarios import RunScenarios, resolve_in_run, run_scenarios
-from socialworld.learn.train import check_target_modules, grpo_rows, read_train_record, train_adapter
+from socialworld.learn.runconfig import CONTRACT_KEY, RunConfig, read_resumed, read_stored
+from socialworld.learn.scenarios import resolve_in_run, run_scenarios
+from socialworld.learn.train import train_adapter
+from socialworld.learn.trainers.common import TrainingSet
 from socialworld.metric_registry import KEYS, PASS
 from socialworld.metrics.core import METRICS_CONTRACT, Aggregate, ContractMismatch, aggregate, group_by, require_contract
 from socialworld.metrics.lifelong import next_unlocked, progressive_schedule
-from socialworld.metrics.stats import Interval, paired_difference
-from socialworld.records import Document, EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, record_from_json, write_jsonl
+from socialworld.metrics.stats import paired_difference
+from socialworld.records import EpisodeRecord, JudgeRec, atomic_write_text, read_jsonl, record_from_json, write_jsonl
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.judge import checked_judgement, judge_episodes, read_judged, write_judged
 from socialworld.rollout.runner import EpisodeJob, per_turn, run_episodes, turn_budget
@@ -62,49 +63,12 @@ from socialworld.rollout.scale import ray_init, rollouts
 from socialworld.rundir import RunDir
 from socialworld.text.templates import POLICY_PROMPT_VERSION
 from socialworld.world.rng import derive_seed
-from socialworld.world.spec import ScenarioError, ScenarioSpec, capped, spec_yaml
+from socialworld.world.spec import ScenarioSpec, capped, spec_yaml
 from socialworld.world.variation import variant
 from socialworld.world.voice import Voice
 
 JUDGE_MAX_ENDPOINT_FAILURES = 0.2
 """the loop stops (and retries when rerun) when its judge's endpoint gave no reply on more than this share of episodes"""
-
-CYCLE_SUMMARY_SCHEMA: Final = "cycle-summary-v2"
-
-
-class CycleSummary(Document):
-    """One loop cycle's result, as ``cycle-c/summary.json`` holds it."""
-
-    schema_version: Literal["cycle-summary-v2"] = CYCLE_SUMMARY_SCHEMA
-    cycle: int
-    tiers: list[str]
-    """the tiers this cycle trained and evaluated"""
-    pairs: dict[str, int]
-    """pairs kept per track (before replay)"""
-    excluded: dict[str, int]
-    """candidate pairs excluded, by ``track:reason``"""
-    replayed: dict[str, int] = {}
-    """pairs replayed from earlier cycles, per track"""
-    final_loss: dict[str, float | None]
-    """each trained adapter's last logged loss (None: not trained this cycle)"""
-    eval: Aggregate
-    """the deployed policy's metrics on the evaluation seeds"""
-    by_tier: dict[str, Aggregate]
-    vs_baseline: dict[str, Interval] | None = None
-    """paired bootstrap of this cycle minus the untrained policy, per registered metric (with a baseline)"""
-    holdout: Aggregate | None = None
-    """the last cycle of a run with held-out scenarios: the deployed policy's metrics on them"""
-    holdout_vs_baseline: dict[str, Interval] | None = None
-    """... and its paired bootstrap against the untrained policy there"""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _migrate(cls, data: Any) -> Any:
-        """v1 (before the metric registry) held its aggregates flat (read by :class:`Aggregate`)."""
-        if isinstance(data, dict) and data.get("schema_version") == "cycle-summary-v1":
-            data = {**data, "schema_version": CYCLE_SUMMARY_SCHEMA}
-        return data
-
 
 def _brief(m: Aggregate) -> str:
     """The log's line of an evaluation's scores."""
@@ -124,13 +88,6 @@ UNTRAINED = (cycle_files(0).eval, cycle_files(1).wake)
 (The reference episodes are the expert's: cheap to remake, and their number is a knob.)"""
 EVAL_KEYS = ("model", "tiers", "scenarios", "user_scenarios", "holdout", "eval_episodes", "seed", "max_turns", "npc_voice")
 WAKE_KEYS = EVAL_KEYS + ("train_episodes",)
-
-
-def config_doc(cfg: Any, user_scenarios: dict[str, str]) -> dict[str, Any]:
-    """What a run's ``config.yaml`` records (a loop's or a bench's, :class:`~socialworld.learn.runconfig.RunConfig`):
-    the config (its scenario names already the ones :func:`~socialworld.learn.scenarios.run_scenarios`
-    records: paths replaced by ids) and its user scenarios' hashes."""
-    return RunConfig(cfg, user_scenarios).document()
 
 
 def _reusable(cfg: LoopConfig, mine: dict) -> tuple[RunDir, tuple[str, ...]]:
@@ -183,19 +140,6 @@ def _reuse(run: RunDir, src: RunDir, rels: tuple[str, ...]) -> None:
 
 def _policy(cfg: LoopConfig, adapters: dict[str, str] | None):
     return make_policy(cfg.model, batch_size=cfg.lm_batch_size, adapters=adapters)
-
-
-Progress = Callable[[str, int], Callable[[Any], None]]
-"""``progress(description, total)`` -> a per-episode callback (the CLI draws bars with it)."""
-
-
-def check_unlockable(cfg: LoopConfig, scenarios: RunScenarios) -> None:
-    """Progressive and adaptive unlocking start with the first tier alone: refuse, before any work,
-    scenarios none of which is of that tier (cycle 1 would have nothing to train or evaluate)."""
-    first = cfg.tiers[0]
-    if cfg.unlock != "fixed" and not any(s.tier == first for s in scenarios.specs):
-        raise ScenarioError(f"{cfg.unlock} unlocking starts with {first} alone, and no scenario is {first} "
-                            f"({', '.join(f'{s.id} {s.tier}' for s in scenarios.specs)}): add one, or unlock 'fixed'")
 
 
 def unlocked_tiers(cfg: LoopConfig, c: int, previous: tuple[str, ...], previous_eval: Sequence[EpisodeRecord]) -> tuple[str, ...]:
@@ -323,23 +267,6 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
     return summaries
 
 
-def held_out(cfg: LoopConfig, scenarios: RunScenarios) -> tuple[str, ...]:
-    """The ids of the run's scenarios that ``cfg.holdout`` holds out of training (each name an id or
-    short name of one of the run's scenarios), checked before any work: something is left to train on,
-    and under progressive or adaptive unlocking something of the first tier (cycle 1's only tier)."""
-    ids: list[str] = []
-    for name in cfg.holdout:
-        match = [s.id for s in scenarios.specs if name in (s.id, s.id.rsplit("-v", 1)[0])]
-        if not match:
-            raise ScenarioError(f"--holdout {name}: not one of the run's scenarios ({', '.join(s.id for s in scenarios.specs)})")
-        ids += [m for m in match if m not in ids]
-    first = [s.id for s in scenarios.specs if s.tier == cfg.tiers[0]] if cfg.unlock != "fixed" else [s.id for s in scenarios.specs]
-    if ids and set(first) <= set(ids):
-        raise ScenarioError(f"--holdout {', '.join(cfg.holdout)} leaves {'no ' + cfg.tiers[0] if cfg.unlock != 'fixed' else 'no'} "
-                            f"scenario to train on ({', '.join(first)} held out)")
-    return tuple(ids)
-
-
 def start(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progress | None = None) -> LoopRun:
     """Check everything a run needs before its folder holds anything (not even ``config.yaml``),
     then open the folder: its config, user scenarios and reused artifacts written."""
@@ -347,7 +274,7 @@ def start(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Progres
     check_unlockable(cfg, scenarios)
     holdout = held_out(cfg, scenarios)
     check_model(cfg)
-    doc = config_doc(replace(cfg, scenarios=scenarios.names, holdout=holdout), scenarios.user)
+    doc = RunConfig(replace(cfg, scenarios=scenarios.names, holdout=holdout), scenarios.user).document()
     reused = _reusable(cfg, doc) if cfg.reuse_from else None
     if cfg.ray:
         ray_init(cfg.ray)  # a wrong address fails here, before any artifact
@@ -461,10 +388,9 @@ def train(loop: LoopRun, cycle: Cycle) -> Trained:
     The dialogue adapter starts from the deployed action adapter where there is one (this cycle's,
     or the previous one when the action track had no pairs; the action track's turns end in the
     expert's words for their action, :mod:`socialworld.learn.pairs`, so it already writes them) and trains on the dialogue pairs together with that cycle's
-    action turns: a few pairs alone overwrite the words (the first cycle's seven, six of them
-    ``wait()``, made it say "Let's give it a moment" after every action), and a dialogue adapter
-    trained apart on its own pairs wrote belief-like text on a third of its SAY lines
-    (docs/experiments/2026-11-24-words-in-the-action-track.md). A track without gated pairs keeps
+    action turns: a few pairs alone overwrite the words (a cycle whose pairs are mostly ``wait()``
+    teaches one sentence for every action), and a dialogue adapter trained apart on its own pairs
+    writes belief-like text in its SAY lines (design.md, "the words with the decision"). A track without gated pairs keeps
     its previous adapter. Every training keeps the frozen part of its listwise rows in the run's
     store (:attr:`LoopRun.store`)."""
     cfg, run, c, d, log, progress = loop.cfg, loop.run, cycle.number, cycle.files, loop.log, loop.progress
@@ -483,18 +409,16 @@ def train(loop: LoopRun, cycle: Cycle) -> Trained:
             continue
         rel = d.adapter(name)
         resume = trained.get(members[0])
-        data: dict = {"pairs": run.path(d.pairs(members[0]))} if len(members) == 1 else {"pairs": pairs}
+        data = TrainingSet(tuple(pairs), loop.specs, cfg.sleep.build if cfg.train.method == "grpo" else None)
         if name == "dialogue" and "action" in cfg.tracks and "action" in trained:
             resume = trained["action"]
-            data = {"pairs": pairs + read_pairs(run.path(d.pairs("action")))}
-        if cfg.train.method == "grpo":
-            data = {"grpo_rows": grpo_rows(pairs), "specs": loop.specs, "returns": cfg.sleep.build}
+            data = TrainingSet.read(run.path(d.pairs("dialogue")), run.path(d.pairs("action")))
         tcfg = replace(cfg.train, steps=min(cfg.train.steps, cfg.dialogue_steps)) if name == "dialogue" and cfg.dialogue_steps else cfg.train
         if name == "dialogue" and tcfg.method == "listwise":  # the words by likelihood, no decision term (design.md)
             tcfg = replace(tcfg, decision_weight=0.0)
-        def fit(p: Path, data: dict = data, r: str | None = resume, t: TrainConfig = tcfg, n: str = name) -> None:
+        def fit(p: Path, data: TrainingSet = data, r: str | None = resume, t: TrainConfig = tcfg, n: str = name) -> None:
             shown = (lambda total: progress(f"cycle {c} train {n} (steps)", total)) if progress else None
-            train_adapter(_base_path(cfg), p, t, resume_from=r, progress=shown, prompt_kv=loop.store, **data)
+            train_adapter(base_path(cfg), p, t, data, resume_from=r, progress=shown, prompt_kv=loop.store)
 
         run.produce(rel, f"train:{cfg.train.method}", fit, inputs=[d.sleep] + prev + fresh)
         fresh.append(rel)
@@ -550,19 +474,17 @@ def summarize(loop: LoopRun, cycle: Cycle, gating: Gating, trained: Trained, eva
 
 def stored_sleep_config(run_dir: str | Path) -> SleepConfig:
     """The sleep settings a loop run was written with (an earlier version's file migrated)."""
+    return _stored_loop(run_dir).config.sleep
+
+
+def _stored_loop(run_dir: str | Path) -> RunConfig[LoopConfig]:
     path = Path(run_dir, "config.yaml")
     if not path.is_file():
         raise ValueError(f"{run_dir}: not a run folder (no config.yaml)")
-    doc = read_stored(path)
-    if not isinstance(doc.get("sleep"), dict):
+    if not isinstance(read_stored(path).get("sleep"), dict):
         inner = " (a bench keeps its loop in its loop/ folder)" if Path(run_dir, "loop", "config.yaml").is_file() else ""
         raise ValueError(f"{path}: not a loop run's config (no sleep settings){inner}")
-    from pydantic import TypeAdapter, ValidationError
-
-    try:
-        return TypeAdapter(SleepConfig).validate_python(doc["sleep"])
-    except (ValidationError, ValueError) as err:
-        raise ValueError(f"{path}: sleep: {err}") from None
+    return RunConfig.read(path, LoopConfig)
 
 
 def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) -> dict[str, dict]:
@@ -572,11 +494,11 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
     Returns, per variant, its gating report, its kept pair ids, and whether they equal the run's
     (replay from earlier cycles is not redone: it only adds pairs those cycles kept)."""
     run = RunDir(run_dir)
-    cfg_doc = read_stored(run.path("config.yaml"))
-    if cfg_doc.get(PAIRS_KEY) != PAIR_SCHEMA:
-        raise ValueError(f"{run.root}: its training pairs are {cfg_doc.get(PAIRS_KEY)}, this version builds "
+    stored = _stored_loop(run_dir)
+    if stored.pair_schema != PAIR_SCHEMA:
+        raise ValueError(f"{run.root}: its training pairs are {stored.pair_schema}, this version builds "
                          f"{PAIR_SCHEMA}: re-gating would not rebuild the run's pairs")
-    own = stored_sleep_config(run_dir)
+    own = stored.config.sleep
     d = cycle_files(cycle)
     for rel in (d.wake, d.reference, d.sleep):
         if not run.complete(rel):
@@ -584,7 +506,7 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
     wake = read_jsonl(run.path(d.wake))
     ref = {(e.scenario_id, e.seed): e for e in read_jsonl(run.path(d.reference))}
     ids = sorted({e.scenario_id for e in wake} | {sid for sid, _ in ref})  # reference episodes may be on variants
-    specs = {s.id: s for s in resolve_in_run(ids, run_dir, max_turns=cfg_doc.get("max_turns", 0))}
+    specs = {s.id: s for s in resolve_in_run(ids, run_dir, max_turns=stored.config.max_turns)}
     judged = read_judged(run.path(d.wake_judged)) if run.complete(d.wake_judged) else None
     for name, v in variants.items():
         if v.build != own.build:
@@ -603,21 +525,3 @@ def regate(run_dir: str | Path, cycle: int, variants: dict[str, SleepConfig]) ->
         ids = sorted(p.id for p in kept)
         out[name] = {"report": report.as_dict(), "ids": ids, "same_as_run": ids == run_ids}
     return out
-
-
-def check_model(cfg: LoopConfig) -> None:
-    """Before any artifact: the model to train is there (its config loads: a typo in a hub id or a
-    folder fails now) and has every module ``--target-modules`` names (built on the meta device);
-    a judge or an NPC voice that is a model folder or hub id loads too."""
-    check_loads(cfg.model, "--model")
-    check_target_modules(_base_path(cfg), cfg.train.target_modules)
-    if cfg.judge:
-        check_loads(cfg.judge, "--judge")
-    check_voice(cfg.npc_voice, loads=True)
-
-
-def _base_path(cfg: LoopConfig) -> str:
-    from socialworld.agents.models import bundled_path
-
-    ms = parse_model_spec(cfg.model)
-    return str(bundled_path()) if ms.kind == "bundled" else ms.name

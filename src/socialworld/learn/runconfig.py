@@ -181,6 +181,20 @@ class RunConfig(Generic[C]):
     metrics_contract: str = METRICS_CONTRACT
     pair_schema: str = PAIR_SCHEMA
 
+    @classmethod
+    def read(cls, path: str | Path, config: type[C]) -> RunConfig[C]:
+        """A run's stored ``config.yaml`` (or its folder; any version, migrated: :func:`read_stored`) as its typed
+        record, the config a ``config`` dataclass (``LoopConfig`` or ``BenchConfig``); a value the config refuses
+        raises naming the file."""
+        from pydantic import TypeAdapter, ValidationError
+
+        doc = read_stored(path)
+        try:
+            typed = TypeAdapter(config).validate_python({k: v for k, v in doc.items() if k not in RECORDED_KEYS})
+        except (ValidationError, ValueError) as err:
+            raise ValueError(f"{path}: {err}") from None
+        return cls(typed, dict(doc.get("user_scenarios") or {}), doc[CONTRACT_KEY], doc[PAIRS_KEY])
+
     def document(self) -> dict[str, Any]:
         """The file's mapping (what :meth:`RunDir.write_config <socialworld.rundir.RunDir.write_config>` writes)."""
         if not is_dataclass(self.config) or isinstance(self.config, type):

@@ -123,7 +123,7 @@ POLICY_PROMPT_VERSION = "policy-v10"
 # lists), and the system message states the reply format in one template line instead of a
 # worked example (about 70 fewer tokens in every prompt and training row; constrained decoding
 # enforces the format anyway). Under policy-v4 a cloned model kept re-proposing an accepted
-# option across a second tier's scenarios (docs/experiments/).
+# option across a second tier's scenarios.
 # policy-v6: "You did:" lists every earlier move of the episode once, in the order first made, with
 # how often it was made ("inquire(raj, gift) x3") and the latest named apart ("last: ..."), and
 # an open decision's line names the option the known wants favour ("favoured: spa_voucher": two
@@ -131,40 +131,37 @@ POLICY_PROMPT_VERSION = "policy-v10"
 # vetoed, within the budget; shown once someone's wish is known). Under policy-v5 the prompt
 # showed the last three moves only, so a three-move cycle (inquire, inquire, approach) left the
 # prompt unchanged but for the turn number, and the cloned policy ran such cycles to the end of its
-# budget: 201 of 297 steps of the last cycle repeated an earlier move, 91 of its 102 repeated
-# inquiries asked someone whose wish the line already showed, where the expert proposed it
-# (docs/experiments/2026-11-26-moves-and-favoured.md).
+# budget, most of them asking someone whose wish the line already showed, where the expert proposed it.
 # policy-v8: the same facts in words that are the same in every scenario and in fewer tokens
 # (``agents.lm.prompts.state``): each person's mood bucket, not the style's cue phrase; each open
 # decision with its proposal and answers, its stakeholders' known wants and the options it can still
 # win best first (what the known vetoes, dislikes, promises and budget leave); no "Known:" list (the
 # ranking holds it) and no last line of talk; the brief's options with their costs where there is a
-# budget, and its offers in the order to try them with what each binds or costs. 207 tokens after the
-# system message against 258 over 302 expert states; a student trained on 818 expert states fitted
-# 0.72 of unseen states of its scenarios (policy-v6: 0.68) and 0.39 of two scenarios it never saw
-# (0.33) (docs/experiments/2026-12-01-compact-state.md).
+# budget, and its offers in the order to try them with what each binds or costs: fewer tokens, and a
+# student fits more of the states it has not seen, of its scenarios and of scenarios it never saw.
 # policy-v9: policy-v8, and a standing proposal that is still the decision's best option says so
 # (``proposed cooking_kit (still best)``: win over who said no, do not propose it again), and each person
 # who turned it down carries what the agent already tried with them on it: ``no priya (tried
 # lead_discussion)``, the offers made for that option
 # and ``one-to-one`` for a proposal repeated to them alone (``agents.lm.prompts.state``). Under policy-v8
 # the student re-proposed a turned-down option it ranked best, or cycled through offers, for the rest of
-# the episode: of its cycle-3 steps at L1 and L2 (run seed 1) that differed from the expert's move at the
-# same state, 53 of 135 were a proposal where the expert negotiated with whoever said no. What was
+# the episode: its commonest step apart from the expert's was a proposal where the expert negotiated with
+# whoever said no. What was
 # tried stood only in "You did:", far from the decision it concerns.
 # policy-v10: policy-v9, and a standing proposal's line names who present has not answered it (``unanswered
 # nora``: a quarrel or second thoughts wipe an answer, a late arrival has none), and each quarrel names whom
 # to repair next (``Quarrel: nora vs sam, repair nora next``: the more hurt by mood cue, the other one once a
 # repair did not count; ``agents.beliefs.repair_next``, the expert's rule). Under policy-v9 the student's
-# cycle-3 steps at L2 that differed from the expert's were most often a repair of the wrong side of a
-# quarrel or of the same side again (31 and 53 steps on run seeds 1 and 0), and a negotiation with whoever
+# steps at L2 that differed from the expert's were most often a repair of the wrong side of a quarrel or of
+# the same side again, and a negotiation with whoever
 # said no where the expert first put the proposal to a stakeholder who had not answered.
 # policy-v11: policy-v10, and what people said back to the agent's last move (``Heard: aisha: Oh, I already
 # told you about the fundraiser.``): the world's own words for a move that changed nothing (a repeated
 # question, an offer already made, an approach to someone already engaged) and for a finalize that failed.
-# Under policy-v10 a futile move left the state as it was but for the tally, and the student repeated it:
-# one L1 episode of run seed 1 asked the same person the same question 16 times; and the policy never read
-# what people said, so an NPC voice (``--npc-voice``) could not reach it.
+# Under policy-v10 a futile move left the state as it was but for the tally, and the student repeated it
+# (the same question to the same person, turn after turn); and the policy never read what people said, so
+# an NPC voice (``--npc-voice``) could not reach it. The people's words vary between states that need the
+# same move, and the student fitted its rows less well.
 _POLICY_SYSTEM_V2 = (
     "You organise a group decision: ask people what they want, propose options they accept, "
     "negotiate with those who refuse, finalize once all agree.\n"
@@ -205,9 +202,6 @@ class PolicyStateView:
     repair next"""
     heard: bool = False
     """policy-v11: what people (and the world) said back to the agent's last move, shown before its moves"""
-    futile: bool = False
-    """policy-v12: the latest move says when the rules counted it as changing nothing (a question whose answer
-    the agent had, an offer no better than one made before)"""
 
 
 @dataclass(frozen=True)
@@ -238,8 +232,6 @@ POLICY_PROMPTS: dict[str, PolicyPrompt] = {p.version: p for p in (
                  PolicyStateView(wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True)),
     PolicyPrompt("policy-v11", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(
         wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True, heard=True)),
-    PolicyPrompt("policy-v12", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(
-        wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True, futile=True)),
 )}
 """every prompt version by its name (records name the version they were made under)"""
 POLICY_LAST_MOVES = 3
@@ -254,8 +246,6 @@ POLICY_REPAIR_NEXT = "repair {npc} next"
 POLICY_NO_MOVES = "nothing yet"
 POLICY_HEARD = "Heard: "
 """policy-v11: before the replies to the agent's last move (``speaker: line``, one after another)"""
-POLICY_NO_EFFECT = "no effect"
-"""policy-v12: after the latest move in "You did:" when it changed nothing (``agents.lm.prompts.futile``)"""
 POLICY_FAVOURED = "favoured"
 
 # ---------------------------------------------------------------- the world as tools (TRL's environment_factory)

@@ -30,9 +30,8 @@ through merged weights instead: each adapter's ``W + delta`` (PEFT's ``get_delta
 once per weight state and swapped into the base layers, the adapters disabled. A forward pass then
 runs one adapter, so rows under different adapters take turns (the rows of the earliest segment
 first: every row chooses its action, then all write their words together). PEFT's mixed-adapter
-forward (each LoRA layer run per adapter, every module walked per pass to set its hooks) made the
-last cycle's evaluation 1.14x slower, its L2 episodes' 1.3x (benchmarks/decode_speed.py,
-docs/experiments/2026-11-28-merged-decoding.md); merged weights round ``W + delta`` to the model's
+forward (each LoRA layer run per adapter, every module walked per pass to set its hooks) is the
+slower path (``benchmarks/decode_speed.py`` measures both); merged weights round ``W + delta`` to the model's
 dtype once, where the unmerged path adds the adapter's output in it, so a bf16 decode can pick
 another token where two were within rounding of each other (``merge=False`` in :func:`decode`
 keeps the unmerged path).

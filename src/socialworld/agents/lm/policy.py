@@ -24,13 +24,10 @@ from socialworld.text.templates import POLICY_PROMPT_VERSION
 from socialworld.world.visibility import legal_actions
 
 SAY_TOKENS = 24
-"""Most tokens of a constrained reply's SAY line. The expert's template sentences, which the
-dialogue track teaches, take 14-20 tokens of the bundled model (propose at most 24, negotiate 27
-at the median). At 8 a trained policy said "How about escape_room for the next", whose
-``q_t`` (0.59) lacks the address and the polite close ("..., everyone? Would that work for
-you?": 0.94); with ``DIALOGUE_W`` that costs borderline acceptances. The same adapters (run r2,
-cycle 3) passed 2 of 6 first-tier evaluation episodes at 8 tokens and 4 of 6 at 20; decoding the
-second and third tiers took 12% longer (docs/experiments/2026-11-24-say-tokens.md)."""
+"""Most tokens of a constrained reply's SAY line: room for the expert's template sentences, which the
+dialogue track teaches (a proposal's address and polite close included). Cut shorter, a trained
+policy's line stops before its close, its ``q_t`` falls, and with ``DIALOGUE_W`` that costs
+borderline acceptances; each token more costs decoding time (design.md, constrained decoding)."""
 
 
 def focus(obs: Observation) -> str | None:
@@ -50,7 +47,7 @@ def program(obs: Observation, say_tokens: int, adapters: tuple[str, str] | None 
     one ACTION from :func:`~socialworld.world.visibility.legal_actions`, and a free one-line SAY.
 
     One NPC per step, not all: each belief item costs a sequential forward pass, and re-stating
-    every NPC every step made the bundled model ~2x slower (see docs/design.md). The policy keeps
+    every NPC every step would multiply those passes (see docs/design.md). The policy keeps
     its latest statement per item, so its stated estimate still covers every NPC it has
     re-estimated. ``adapters`` = (action adapter, dialogue adapter): the belief and action are
     decoded under the first, the utterance under the second."""

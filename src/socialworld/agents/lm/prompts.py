@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from socialworld.agents.beliefs import Beliefs, Done, repair_next, taken
+from socialworld.agents.beliefs import Beliefs, Done, repair_next
 from socialworld.core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, OfferView, SlotView
 from socialworld.text.reply import BELIEF_ITEM, reply_fields
 from socialworld.text.templates import (
@@ -14,7 +14,6 @@ from socialworld.text.templates import (
     POLICY_FAVOURED,
     POLICY_HEARD,
     POLICY_LAST_MOVES,
-    POLICY_NO_EFFECT,
     POLICY_NO_MOVES,
     POLICY_PROMPT_VERSION,
     POLICY_PROMPTS,
@@ -82,41 +81,17 @@ def favoured(obs: Observation, b: Beliefs, slot: SlotView) -> str | None:
     return None if best is None else best.id
 
 
-def moves_text(moves: Sequence[str], tally: bool, no_effect: bool = False) -> str:
+def moves_text(moves: Sequence[str], tally: bool) -> str:
     """The agent's own earlier moves as "You did:" shows them: the last ``POLICY_LAST_MOVES`` in
     order, or (``tally``, policy-v6) every distinct move once, in the order first made, with how
     often it was made, and the latest apart: ``propose(gift, book_bundle, all); inquire(raj, gift)
-    x2; approach(raj) (last: inquire(raj, gift))``; ``no_effect`` (policy-v12, with ``tally``): the
-    latest changed nothing, ``(last: inquire(raj, gift), no effect)``."""
+    x2; approach(raj) (last: inquire(raj, gift))``."""
     if not moves:
         return POLICY_NO_MOVES
     if not tally:
         return "; ".join(moves[-POLICY_LAST_MOVES:])
     counts = Counter(moves)
-    last = moves[-1] + (f", {POLICY_NO_EFFECT}" if no_effect else "")
-    return "; ".join(m + (f" x{counts[m]}" if counts[m] > 1 else "") for m in counts) + f" (last: {last})"
-
-
-def futile(obs: Observation) -> bool:
-    """Whether the agent's latest move changed nothing by the world's rules, read from the public record
-    (policy-v12): a question whose answer the agent already had (a truthful answer to the same question
-    earlier, no second thoughts announced since: the world's ``redundant_inquiry``), or an offer to a person
-    for an option no stronger than one made to them for it before (``repeated_offer``). False before the
-    first move and after an illegal or unparseable one."""
-    if not obs.moves or obs.moves[-1].endswith("(illegal)") or obs.moves[-1] == "(unparseable)":
-        return False
-    last, at = Action.parse(obs.moves[-1]), len(obs.moves) - 1
-    before = obs.moves[:at]
-    if last.kind == "inquire":
-        told = [f.step for f in obs.facts if f.kind == "prefers" and (f.npc, f.slot) == (last.npc, last.slot)
-                and f.step < at and before[f.step] == obs.moves[-1]]
-        return bool(told) and not any(f.kind == "unsettled" and (f.npc, f.slot) == (last.npc, last.slot)
-                                      and max(told) < f.step <= at for f in obs.facts)
-    if last.kind == "negotiate":
-        value = {o.id: o.value for o in obs.offers}
-        return any(a.kind == "negotiate" and (a.npc, a.slot, a.option) == (last.npc, last.slot, last.option)
-                   and value[a.offer] >= value[last.offer] for a in taken(before))  # type: ignore[index]
-    return False
+    return "; ".join(m + (f" x{counts[m]}" if counts[m] > 1 else "") for m in counts) + f" (last: {moves[-1]})"
 
 
 def compact(obs: Observation, view: PolicyStateView = PolicyStateView()) -> str:
@@ -267,8 +242,7 @@ def build_messages(obs: Observation, version: str = POLICY_PROMPT_VERSION) -> li
         shown += "\n" + said
     return [
         {"role": "system", "content": prompt.system.format(brief=brief(obs, view))},
-        {"role": "user", "content": prompt.user.format(
-            obs=shown, moves=moves_text(obs.moves, view.tally, view.futile and futile(obs)))},
+        {"role": "user", "content": prompt.user.format(obs=shown, moves=moves_text(obs.moves, view.tally))},
     ]
 
 
