@@ -310,3 +310,11 @@ def write_user_scenario(path, base="team_lunch", id="my_lunch-v1", name="My team
     data.update(id=id, name=name)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def lora_b(folder) -> dict:
+    """The LoRA B weights of the adapter saved in ``folder`` (PEFT's ``adapter_model.safetensors``), by name:
+    zero when an adapter starts, so they show whether it trained and which layers it adapts."""
+    from safetensors.torch import load_file
+
+    return {k: v for k, v in load_file(f"{folder}/adapter_model.safetensors").items() if "lora_B" in k}
