@@ -412,7 +412,7 @@ def train(loop: LoopRun, cycle: Cycle) -> Trained:
         data = TrainingSet(tuple(pairs), loop.specs, cfg.sleep.build if cfg.train.method == "grpo" else None)
         if name == "dialogue" and "action" in cfg.tracks and "action" in trained:
             resume = trained["action"]
-            data = TrainingSet.read(run.path(d.pairs("dialogue")), run.path(d.pairs("action")))
+            data = TrainingSet(tuple(pairs + read_pairs(run.path(d.pairs("action")))))  # the dialogue pairs, read above
         tcfg = replace(cfg.train, steps=min(cfg.train.steps, cfg.dialogue_steps)) if name == "dialogue" and cfg.dialogue_steps else cfg.train
         if name == "dialogue" and tcfg.method == "listwise":  # the words by likelihood, no decision term (design.md)
             tcfg = replace(tcfg, decision_weight=0.0)
