@@ -44,6 +44,8 @@ def test_bench_smoke_protocol_and_resume(tiny, tmp_path):
         for e in res.per_cycle[arm][3]:
             assert 0 < len(e.steps) <= cap and {s.setting.turn_budget for s in e.steps} == {cap}
     assert set(doc["forgetting"]["B"]) == {"L0", "L1"} and doc["unlock_cycles"] == {"L0": 1, "L1": 2, "L2": 3}
+    assert {t: iv["mean"] for t, iv in doc["forgetting_intervals"]["B"].items()} == pytest.approx(doc["forgetting"]["B"])
+    assert all(x["tier"] in ("L0", "L1") for x in doc["lost"])
     assert [s["tiers"] for s in doc["loop"]] == [["L0"], ["L0", "L1"], ["L0", "L1", "L2"]]
     html = (tmp_path / "b" / "report.html").read_text()
     assert "Episode viewer" in html and html.count("data:image/png;base64,") == 3
@@ -173,6 +175,7 @@ def test_pool_over_two_run_seeds_pairs_within_each_run(tiny, tmp_path):
     assert doc.paired["B-A"][ALL].mean == pytest.approx(sum(b.paired["B-A"]["pass"].mean * k for b, k in zip(benches, n)) / sum(n))
     assert doc.holdout_scenarios == ["activity_debrief-v1"] and doc.holdout_paired["B-A"].n == 2 * PRESETS["smoke"].eval_episodes
     assert doc.mean_forgetting == {"L0": pytest.approx(sum(b.forgetting["B"]["L0"] for b in benches) / 2)}
+    assert doc.forgetting["L0"].mean == pytest.approx(doc.mean_forgetting["L0"]) and [r.lost for r in doc.runs] == [b.lost for b in benches]
     write_pool(doc, tmp_path / "pool")
     assert read_document(tmp_path / "pool" / "pool.json", PoolDoc) == doc and "B-A" in (tmp_path / "pool" / "pool.md").read_text()
     with pytest.raises(ValueError, match="distinct run seeds"):

@@ -10,11 +10,12 @@ from socialworld.agents.registry import make_policy
 from socialworld.bench.config import BenchConfig
 from socialworld.bench.document import BenchDoc
 from socialworld.bench.protocol import bench_document, remake_reports
-from socialworld.bench.report import markdown, write_reports
+from socialworld.bench.report import lifelong_rows, markdown, table_note, write_reports
 from socialworld.layout import cycle_files
 from socialworld.learn.documents import CycleSummary
 from socialworld.metric_registry import KEYS
 from socialworld.metrics.core import aggregate
+from socialworld.metrics.lifelong import Lost
 from socialworld.records import Message, PromptRec, atomic_write_text, read_document, write_jsonl
 from socialworld.rollout.evaluate import episode_seeds
 from socialworld.rollout.runner import EpisodeJob, run_episodes
@@ -76,6 +77,11 @@ def test_document_numbers_come_from_the_records(bench):
     assert set(doc.paired_by_tier) == {"B-A", "B-C"}
     assert set(doc.R["B"]["2"]) == {"L0", "L1"} and set(doc.R["B"]["1"]) == {"L0"}
     assert set(doc.forgetting["B"]) == {"L0"}
+    assert doc.forgetting_intervals["B"]["L0"].mean == doc.forgetting["B"]["L0"] and doc.lost == []  # the expert plays alike
+    lost = [Lost("L0", "team_lunch-v1", 7, (1,), False)]
+    note = table_note(lifelong_rows, doc.model_copy(update={"lost": lost}))
+    assert note is not None and "team_lunch-v1 seed 7 (passed in cycle 1; C fails it too)" in note and table_note(lifelong_rows, doc) is None
+    assert "[" in lifelong_rows(doc)[1][0][1] and "[" not in lifelong_rows(doc.model_copy(update={"forgetting_intervals": {}}))[1][0][1]
     assert doc.unlock_cycles == {"L0": 1, "L1": 2}
     assert doc.episodes_per_arm["A"] == sum(len(v) for v in per_cycle["A"].values())
     md = markdown(doc)

@@ -20,6 +20,7 @@ from pydantic import AfterValidator
 
 from socialworld.bench.config import BenchConfig
 from socialworld.learn.documents import CycleSummary
+from socialworld.metrics.lifelong import Lost
 from socialworld.metrics.stats import Interval, PerMetric, only_registered
 from socialworld.records import Document
 from socialworld.rollout.evaluate import VoiceEffect
@@ -109,6 +110,12 @@ class BenchDoc(Document):
     ratios: dict[str, Ratios]
     R: dict[str, RTable]
     forgetting: dict[str, dict[str, float]]
+    forgetting_intervals: dict[str, dict[str, Interval]] = {}
+    """arm -> tier -> F with its paired bootstrap interval over the tier's evaluation episodes (absent from
+    documents written before it)"""
+    lost: list[Lost] = []
+    """B's episodes of earlier tiers that passed in an earlier cycle and fail in the last, each with whether
+    arm C passes it (absent from documents written before it)"""
     forward_transfer: dict[str, dict[str, float]]
     unlock_cycles: dict[str, int]
     diagnostics: dict[str, ArmDiagnostics]

@@ -16,6 +16,7 @@ from socialworld.bench.document import BenchDoc
 from socialworld.bench.protocol import arm_episodes, holdout_episodes, phase_seconds
 from socialworld.metric_registry import PASS
 from socialworld.metrics.core import aggregate, group_by
+from socialworld.metrics.lifelong import Lost, lost_episodes, pooled_forgetting_intervals
 from socialworld.metrics.stats import Interval, metric_interval, pooled_paired_difference
 from socialworld.records import Document, EpisodeRecord, read_document
 from socialworld.rundir import RunDir
@@ -38,6 +39,9 @@ class PoolRun(Document):
     """arm -> tier (and ``all``) -> PassRate of the last cycle"""
     forgetting: dict[str, float]
     """B's forgetting per tier (contract §5.3: F_l = max_{c<last} R[c][l] - R[last][l])"""
+    lost: list[Lost] = []
+    """B's earlier-tier episodes that passed in an earlier cycle and fail in the last, each with whether arm C
+    passes it"""
     holdout: dict[str, float] = {}
     """arm -> PassRate on the held-out scenarios (empty without ``--holdout``)"""
 
@@ -56,6 +60,9 @@ class PoolDoc(Document):
     """``B-A``, ``B-C`` -> tier (and ``all``) -> PassRate difference, paired within runs, pooled over them"""
     mean_forgetting: dict[str, float]
     """B's forgetting per tier, the mean over the runs"""
+    forgetting: dict[str, Interval] = {}
+    """B's mean forgetting per tier with a stratified bootstrap interval (each run's episodes resampled within
+    the run: :func:`~socialworld.metrics.lifelong.pooled_forgetting_intervals`)"""
     holdout_scenarios: list[str] = []
     holdout: dict[str, Interval] = {}
     """arm -> PassRate interval on the held-out scenarios, pooled"""
@@ -82,18 +89,20 @@ def pool_benches(folders: Sequence[str | Path], resamples: int = 10_000, seed: i
     if len(set(seeds)) < len(seeds):
         raise ValueError(f"the benches must be of distinct run seeds, not {seeds}")
     kw = {"resamples": resamples, "seed": seed}
-    last, held, runs = [], [], []
+    last, held, runs, b_cycles = [], [], [], []
     for f, d in zip(folders, docs):
         per_cycle = {int(c): t for c, t in d.tiers_per_cycle.items()}
         proxies = [a for a in d.main if a not in ("A", "B")]
         scenarios = d.holdout.scenarios if d.holdout else []
-        eps = {arm: cyc[max(per_cycle)] for arm, cyc in arm_episodes(f, per_cycle, proxies, scenarios).items()}
+        cycles = arm_episodes(f, per_cycle, proxies, scenarios)
+        eps = {arm: cyc[max(per_cycle)] for arm, cyc in cycles.items()}
+        b_cycles.append(cycles["B"])
         aside = holdout_episodes(f, max(per_cycle), proxies, scenarios)
         last.append(eps)
         held.append(aside)
         runs.append(PoolRun(folder=str(f), seed=d.run_config.seed, minutes=round(sum(s for _, s in phase_seconds(f)) / 60, 1),
                             passed={arm: _pass_by_tier(e) for arm, e in eps.items()}, forgetting=d.forgetting.get("B", {}),
-                            holdout={arm: _pass(e) for arm, e in aside.items()}))
+                            lost=lost_episodes(cycles["B"], eps.get("C", ())), holdout={arm: _pass(e) for arm, e in aside.items()}))
     arms = [a for a in last[0] if all(a in run for run in last)]
     tiers = [*sorted({t for run in last for t in group_by(run["B"], "tier")}), ALL]
     main = {arm: {t: metric_interval(_tier([r[arm] for r in last], t), PASS, **kw) for t in tiers} for arm in arms}
@@ -104,6 +113,7 @@ def pool_benches(folders: Sequence[str | Path], resamples: int = 10_000, seed: i
     return PoolDoc(
         metrics_contract=first.metrics_contract, config=shared, runs=runs, main=main, paired=paired,
         mean_forgetting={t: fmean(r.forgetting.get(t, 0.0) for r in runs) for t in forgotten},
+        forgetting=pooled_forgetting_intervals(b_cycles, **kw),
         holdout_scenarios=first.holdout.scenarios if first.holdout else [],
         holdout={arm: metric_interval([e for h in held for e in h[arm]], PASS, **kw) for arm in aside_arms},
         holdout_paired={f"B-{o}": pooled_paired_difference([(h[o], h["B"]) for h in held], PASS, **kw)
@@ -125,6 +135,8 @@ def pool_markdown(doc: PoolDoc) -> str:
              "| seed | minutes | " + " | ".join(f"B {t}" for t in tiers) + " | B forgetting |", "|---" * (len(tiers) + 3) + "|"]
     for r in doc.runs:
         f = ", ".join(f"{t} {v:+.2f}" for t, v in r.forgetting.items()) or "none"
+        if r.lost:
+            f += f" ({len(r.lost)} lost, {sum(x.reference_passed is False for x in r.lost)} of them failed by C too)"
         lines.append(f"| {r.seed} | {r.minutes:g} | " + " | ".join(f"{r.passed['B'].get(t, float('nan')):.2f}" for t in tiers) + f" | {f} |")
     lines += ["", "## Pooled", "", "| | " + " | ".join(tiers) + " |", "|---" * (len(tiers) + 1) + "|"]
     for arm, row in doc.main.items():
@@ -132,7 +144,9 @@ def pool_markdown(doc: PoolDoc) -> str:
     for name, row in doc.paired.items():
         lines.append(f"| {name} | " + " | ".join(_iv(row[t]) for t in tiers) + " |")
     lines += ["", "Intervals: 95% percentile bootstrap over the pooled episodes; differences paired within each run.",
-              "Mean forgetting of B: " + (", ".join(f"{t} {v:+.3f}" for t, v in doc.mean_forgetting.items()) or "none") + "."]
+              "Mean forgetting of B: " + (", ".join(f"{t} {_iv(doc.forgetting[t])}" if t in doc.forgetting else f"{t} {v:+.3f}"
+                                                    for t, v in doc.mean_forgetting.items()) or "none")
+              + " (intervals: each run's episodes resampled within the run)."]
     if doc.holdout:
         lines += ["", f"## Scenarios never trained on ({', '.join(doc.holdout_scenarios)})", "",
                   "| | PassRate |", "|---|---|"]

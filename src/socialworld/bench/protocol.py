@@ -53,7 +53,7 @@ from socialworld.learn.scenarios import RunScenarios, run_scenarios
 from socialworld.metric_registry import KEYS, PASS
 from socialworld.metrics.core import CR_THRESHOLD, D_THRESHOLD, METRICS_CONTRACT, aggregate, group_by
 from socialworld.metrics.diagnostics import coverage, failure_counts
-from socialworld.metrics.lifelong import TIERS, RTable, forgetting, forward_transfer, r_table, unlock_cycles
+from socialworld.metrics.lifelong import TIERS, RTable, forgetting, forgetting_intervals, forward_transfer, lost_episodes, r_table, unlock_cycles
 from socialworld.metrics.stats import Interval, metric_interval, paired_difference
 from socialworld.records import EpisodeRecord, JudgeRec, read_document, read_jsonl, write_jsonl
 from socialworld.rollout.config import NPC_VOICE_TEMPLATE
@@ -312,6 +312,8 @@ def bench_document(cfg: BenchConfig, tiers_per_cycle: dict[int, list[str]], per_
         ratios=ratios,
         R={arm: _r_doc(tab) for arm, tab in r.items()},
         forgetting={arm: forgetting(tab) for arm, tab in r.items()},
+        forgetting_intervals={arm: forgetting_intervals(cyc, **kw) for arm, cyc in per_cycle.items()},
+        lost=lost_episodes(per_cycle["B"], per_cycle["C"][last] if "C" in per_cycle else ()),
         forward_transfer={arm: forward_transfer(tab, r["A"]) for arm, tab in r.items() if arm != "A"},
         unlock_cycles=unlock_cycles(r["B"]),
         diagnostics={arm: ArmDiagnostics(coverage=Coverage.model_validate(coverage(cyc[last])), primary_failures=failure_counts(cyc[last]))

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 from socialworld.bench.document import BenchDoc, SameRun, SuiteDoc, VariantRow
 from socialworld.figures import PAGE_CSS, png, pyplot
 from socialworld.metric_registry import KEYS, METRICS, PASS, SIGNAL_KEYS, SOLVE, metric
+from socialworld.metrics.lifelong import Lost
 from socialworld.metrics.stats import Interval
 from socialworld.records import EpisodeRecord
 from socialworld.rundir import RunDir
@@ -66,11 +67,34 @@ def r_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
 
 
 def lifelong_rows(doc: BenchDoc) -> tuple[list[str], list[list[str]]]:
+    """Forgetting per arm and tier, with its paired bootstrap interval where the document has one, and
+    forward transfer."""
     tiers = sorted({t for f in doc.forgetting.values() for t in f} | {t for f in doc.forward_transfer.values() for t in f})
     head = ["arm"] + [f"F {t}" for t in tiers] + [f"FWT {t}" for t in tiers]
-    rows = [[arm] + [_num(doc.forgetting[arm].get(t)) for t in tiers] + [_num(doc.forward_transfer.get(arm, {}).get(t)) for t in tiers]
+
+    def f(arm: str, t: str) -> str:
+        iv = doc.forgetting_intervals.get(arm, {}).get(t)
+        return _num(doc.forgetting[arm].get(t)) if iv is None else f"{iv.mean:+.2f} [{iv.lo:+.2f}, {iv.hi:+.2f}]"
+
+    rows = [[arm] + [f(arm, t) for t in tiers] + [_num(doc.forward_transfer.get(arm, {}).get(t)) for t in tiers]
             for arm in doc.forgetting]
     return head, rows
+
+
+def lost_note(doc: BenchDoc) -> str | None:
+    """The episodes behind B's forgetting: each earlier-tier episode it passed in an earlier cycle and fails
+    in the last, and whether arm C passes it (None when the document lists none, or predates the list)."""
+    if not doc.lost:
+        return None
+
+    def c(x: Lost) -> str:
+        return "" if x.reference_passed is None else ("; C passes it" if x.reference_passed else "; C fails it too")
+
+    eps = "; ".join(f"{x.tier} {x.scenario_id} seed {x.seed} (passed in cycle {', '.join(map(str, x.passed_in))}{c(x)})"
+                    for x in doc.lost)
+    n = len(doc.lost)
+    return (f"B lost {n} episode{'s' if n > 1 else ''} of earlier tiers in the last cycle: {eps}. Each F interval resamples "
+            "the tier's evaluation episodes, the same seeds in every cycle.")
 
 
 LOOP_SHOWN = (PASS, SOLVE, "D")
@@ -158,6 +182,13 @@ def judge_note(doc: BenchDoc) -> str | None:
             f"a coin's is 0.5); {a['world_ties']} pairs with equal returns were not compared.")
 
 
+def table_note(table: Callable[[BenchDoc], tuple[list[str], list[list[str]]]], doc: BenchDoc) -> str | None:
+    """The paragraph under a table, where it has one: the judge's agreement with the world under the judge's
+    table, B's lost episodes under forgetting."""
+    notes = {judge_rows: judge_note, lifelong_rows: lost_note}
+    return notes[table](doc) if table in notes else None
+
+
 def cut_note(doc: BenchDoc) -> str | None:
     """What a budget that cuts episodes short means for the numbers (the smoke preset), or None."""
     cap = doc.preset.get("max_turns", 0)
@@ -185,8 +216,8 @@ def markdown(doc: BenchDoc) -> str:
         if fn is judge_rows and doc.judge:
             title = f"{title}: {doc.judge.judge}"
         out += [f"## {title}", "", *_md_table(head, rows), ""]
-        if fn is judge_rows and (jn := judge_note(doc)):
-            out += [jn, ""]
+        if note := table_note(fn, doc):
+            out += [note, ""]
     return "\n".join(out)
 
 
@@ -578,7 +609,7 @@ def html_report(doc: BenchDoc, images: dict[str, str], episodes: list[dict], sha
     (``shared``: the texts their prompts refer to by index)."""
     tables = "".join(f"<h2>{html.escape(title)}</h2>" + _table_html(*fn(doc), cls=fn.__name__.replace("_rows", ""),
                                                                  links=row_links(fn.__name__, doc))
-                     + (f"<p>{html.escape(jn)}</p>" if fn is judge_rows and (jn := judge_note(doc)) else "")
+                     + (f"<p>{html.escape(note)}</p>" if (note := table_note(fn, doc)) else "")
                      for title, fn in TABLES if fn(doc)[1])
     figs = "".join(f'<figure><img alt="{name}" src="data:image/png;base64,{b64}"></figure>' for name, b64 in images.items())
     data = json.dumps(episodes).replace("<", "\\u003c")  # no "</script>" or "<!--" can end the script element
