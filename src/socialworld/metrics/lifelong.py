@@ -118,7 +118,7 @@ def forgetting_intervals(per_cycle: Mapping[int, Sequence[EpisodeRecord]], seed:
             continue
         m = found[2]
         iv = bootstrap_statistic(m.shape[1], functools.partial(_forgetting_of, m), resamples=resamples, level=level, seed=seed)
-        assert iv is not None  # f is defined on every draw
+        assert iv is not None  # _forgetting_of is defined on every draw
         out[tier] = iv
     return out
 
@@ -136,7 +136,6 @@ def pooled_forgetting_intervals(runs: Sequence[Mapping[int, Sequence[EpisodeReco
         mats = [f[2] for f in found if f is not None]
         if len(mats) < len(runs):
             continue
-
         rng = np.random.default_rng(seed)
         values = [float(np.mean([_forgetting_of(m, np.asarray(rng.integers(0, m.shape[1], size=m.shape[1]))) for m in mats]))
                   for _ in range(resamples)]
