@@ -105,7 +105,7 @@ def check_loads(spec: str, option: str) -> None:
     """Before any work: where ``spec`` names a local model (a folder or a hub id; not ``bundled``, not an
     endpoint), torch is there and its config loads; else ``ValueError`` in one line naming ``option``. A
     hub id that is not in the cache is looked up once, within :data:`HUB_TIMEOUT_S` (offline, the
-    libraries' retries took 50 s and printed pages). A judge is built only once there are episodes to
+    libraries' own retries wait long and print pages). A judge is built only once there are episodes to
     judge: a typo in ``--judge org/name`` failed after the rollouts instead of before them."""
     ms = parse_model_spec(spec)
     if ms.kind not in ("bundled", "hf"):

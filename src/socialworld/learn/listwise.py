@@ -238,9 +238,8 @@ def _kept(t: Any) -> Any:
 PROMPT_KV_BYTES = 4 << 30
 """the most bytes :class:`PromptKV` keeps. The bundled model's KV is 46 kB a prompt token in float32,
 23 kB in bf16; with LoRA on its upper half (the bench's recipe) a row keeps only those 15 layers'
-prompt KV, 11.5 kB a token in bf16, and its reply's hidden states at the first of them: about 3 MB a
-row in the main job (3.4 GiB for the 1,149 rows its last cycle read), so about 1,300 rows. Rows
-beyond it are read each time."""
+prompt KV, 11.5 kB a token in bf16, and its reply's hidden states at the first of them: a few MB a
+row, so the cap holds the rows a main job's cycle reads. Rows beyond it are read each time."""
 
 
 def _decoder(model: Any) -> Any:
@@ -294,7 +293,7 @@ def _all_tokens_active(model: Any) -> Iterator[None]:
     """Within: the adapter's layers run as plain LoRA, for a forward whose every token follows its
     invocation (``alora_offsets = [T] * B``: an activated adapter's replies, their prompts read apart).
     PEFT's aLoRA path would mask nothing there, yet it selects every token and scatters the sum back
-    (``index``, ``index_put`` and their backward: a sixth of a training step on a 2-core CPU), and
+    (``index``, ``index_put`` and their backward, a share of every training step), and
     casts each input to the adapter's float32 only for autocast to cast it back to bfloat16. The sum
     is the same; the graph recorded within is kept for the backward pass."""
     import torch

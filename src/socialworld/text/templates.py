@@ -121,8 +121,8 @@ POLICY_PROMPT_VERSION = "policy-v10"
 # policy-v5: a decision whose proposal every present stakeholder accepted says so ("everyone here
 # agrees": the moment to finalize, which a cloned model otherwise had to infer by comparing two
 # lists), and the system message states the reply format in one template line instead of a
-# worked example (about 70 fewer tokens in every prompt and training row; constrained decoding
-# enforces the format anyway). Under policy-v4 a cloned model kept re-proposing an accepted
+# worked example (fewer tokens in every prompt and training row; constrained decoding enforces
+# the format anyway). Under policy-v4 a cloned model kept re-proposing an accepted
 # option across a second tier's scenarios.
 # policy-v6: "You did:" lists every earlier move of the episode once, in the order first made, with
 # how often it was made ("inquire(raj, gift) x3") and the latest named apart ("last: ..."), and

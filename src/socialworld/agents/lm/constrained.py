@@ -500,7 +500,7 @@ def _completion_bound(r: _Row) -> int:
 class _Cache:
     """A preallocated KV cache (transformers' ``StaticCache``) that grows by reallocation when
     a decode outruns it: appending never copies the whole cache each step (``DynamicCache``
-    concatenates, which was ~45% of a step here)."""
+    concatenates the whole cache at every step, a large share of a decoding step)."""
 
     kv: Any
     """the ``StaticCache``"""

@@ -19,8 +19,8 @@ def fit(data: TrainingSet, cfg: TrainConfig, start: Start) -> TrainRecord:
 
     rows = data.dataset("sft", cfg.balance)
     # batches of rows of about one length (transformers' LengthGroupedSampler: random chunks of 50
-    # batches, each sorted by length): a row runs 285-686 tokens, and random batches had a sixth of
-    # their tokens padding where sorted ones have almost none
+    # batches, each sorted by length): rows differ in length, so random batches carry padding that
+    # sorted ones nearly lack
     trainer = completion_sft_trainer()(model=start.model, args=trl_args(cfg, start.scratch, SFTConfig, max_length=cfg.max_length,
                                                                        max_steps=planned_steps(cfg, len(rows)),
                                                                        train_sampling_strategy="group_by_length"),
@@ -33,9 +33,9 @@ def completion_sft_trainer() -> Any:
 
     TRL computes the loss with a fused LM head that scores every position of the row (prompt and
     padding included) except on Triton devices, plus the entropy of each; on a CPU its chunked
-    forward and backward are about half of every training step. A completion is about a tenth of a
-    row, so projecting just those positions makes a step about twice as fast; the loss is the same
-    mean token NLL over the completion. The forward is the PEFT model's own (``logits_to_keep``: the
+    forward and backward are a large share of every training step. A completion is a small part of
+    a row, so projecting just those positions saves most of that; the loss is the same mean token
+    NLL over the completion. The forward is the PEFT model's own (``logits_to_keep``: the
     positions some row's completion needs), so an activated adapter (aLoRA) finds its invocation in
     each row as PEFT does: calling the inner model directly would leave it switched off."""
     import torch
