@@ -53,13 +53,15 @@ class TrainingSet:
         return [{"prompt": p.prompt, "completion": p.chosen} for p in self.pairs]
 
     def dataset(self, method: Literal["dpo", "sft"], balance: int = 0) -> Any:
-        """:meth:`rows` as a ``datasets.Dataset``, with ``balance`` > 0 repeated by :func:`balanced_indices`."""
+        """:meth:`rows` as a ``datasets.Dataset``, each kind's rows repeated as :meth:`balanced` says."""
         from datasets import Dataset
 
         rows = self.rows(method)
-        if balance > 0:
-            rows = [rows[i] for i in balanced_indices([action_kind(p.chosen) for p in self.pairs], balance)]
-        return Dataset.from_list(rows)
+        return Dataset.from_list([rows[i] for i in self.balanced(balance)])
+
+    def balanced(self, cap: int) -> list[int]:
+        """The pairs' indices with each action kind's repeated by :func:`balanced_indices` (``cap`` 0: each once)."""
+        return balanced_indices([action_kind(p.chosen) for p in self.pairs], cap)
 
     def states(self) -> list[dict[str, Any]]:
         """GRPO's prompts: each action-track pair's prompt with the world snapshot there and its scenario."""

@@ -18,12 +18,12 @@ def fit(data: TrainingSet, cfg: TrainConfig, start: Start) -> TrainRecord:
     from peft import get_peft_model
 
     from socialworld.learn.listwise import PromptKV, train_listwise
-    from socialworld.learn.trainers.common import TrainRecord, action_kind, balanced_indices, compute_dtype, planned_steps
+    from socialworld.learn.trainers.common import TrainRecord, balanced_indices, compute_dtype, planned_steps
 
     model = start.model if start.lora is None else get_peft_model(start.model, start.lora)  # on load_hf's device
     pairs = list(data.pairs)
     dtype = compute_dtype(cfg)
-    steps = planned_steps(cfg, len(balanced_indices([action_kind(p.chosen) for p in pairs], cfg.balance)))
+    steps = planned_steps(cfg, len(data.balanced(cfg.balance)))
     advance = start.progress(steps) if start.progress is not None else None
     store = start.prompt_kv if start.prompt_kv is not None else PromptKV()
     with start.training():
