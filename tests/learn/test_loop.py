@@ -523,3 +523,53 @@ def test_a_held_out_scenario_is_never_trained_on_and_is_evaluated_apart(tiny_dir
     logs = []
     assert run_loop(replace(cfg, holdout=("activity_debrief-v1",)), log=logs.append) == out
     assert not any("wake" in m for m in logs)
+
+
+def test_a_dagger_round_needs_reference_seeds_beyond_the_wake_and_the_action_adapter():
+    with pytest.raises(ValueError, match="dagger_episodes.*at most reference_episodes - train_episodes \\(1\\)"):
+        LoopConfig(train_episodes=1, reference_episodes=2, dagger_episodes=2)
+    with pytest.raises(ValueError, match="dagger_episodes.*action track's own adapter"):
+        LoopConfig(train_episodes=1, reference_episodes=3, dagger_episodes=1, merged=True)
+    LoopConfig(train_episodes=1, reference_episodes=3, dagger_episodes=2)
+
+
+@slow
+def test_a_dagger_round_labels_the_just_trained_policy_and_deploys_what_it_trained(tiny_dir, tmp_path):
+    """``dagger_episodes``: after the cycle's training the policy it trained plays the reference seeds
+    beyond the wake's (one plain, one on a variant here); the round's pairs are the expert's labels at
+    those episodes' states plus as many of the cycle's action pairs; the action adapter trained on
+    them from the cycle's is the one evaluated and the one the cycle deploys (the dialogue adapter
+    stays); a resumed run makes nothing again."""
+    from socialworld.agents.models import find_adapters
+    from socialworld.learn.pairs.record import read_pairs
+    from socialworld.records import read_jsonl
+    from socialworld.world.variation import parse_variant
+
+    run = tmp_path / "run"
+    cfg = replace(_cfg(tiny_dir, run), cycles=1, reference_episodes=3, reference_varied=0.5, dagger_episodes=2, dagger_steps=1)
+    cfg = replace(cfg, sleep=replace(cfg.sleep, sources=("action", "reference", "dialogue"), reference_chosen="own", wake_chosen="label"),
+                  train=replace(cfg.train, method="listwise", activated=True))
+    out = run_loop(cfg, log=lambda _: None)
+    c1 = run / "cycle-1"
+    played = read_jsonl(c1 / "dagger/episodes.jsonl")
+    ref = {(e.scenario_id, e.seed) for e in read_jsonl(c1 / "wake/reference.jsonl")}
+    wake = {(e.scenario_id, e.seed) for e in read_jsonl(c1 / "wake/episodes.jsonl")}
+    keys = [(e.scenario_id, e.seed) for e in played]
+    assert len(keys) == 2 * 2 and set(keys) <= ref and not set(keys) & wake  # two L0 scenarios, two each
+    assert sum(parse_variant(sid) is not None for sid, _ in keys) == 2
+    trained_hash = played[0].steps[0].policy.adapter_hash  # the cycle's training, before the round
+    pairs = read_pairs(c1 / "dagger/sleep/pairs-action.parquet")
+    cycle_ids = {p.id for p in read_pairs(c1 / "sleep/pairs-action.parquet")}
+    labels = [p for p in pairs if p.id not in cycle_ids]
+    assert labels and {p.episode_id for p in labels} <= {e.episode_id for e in played}
+    assert all(p.chosen_by == "label" for p in labels)
+    assert len(pairs) - len(labels) <= len(labels)  # replayed: up to as many of the cycle's
+    deployed = find_adapters(c1)
+    dialogue = c1 / "train/dialogue/adapter"
+    assert deployed["action"] == c1 / "dagger/adapter" and deployed.get("dialogue") == (dialogue if dialogue.is_dir() else None)
+    evaluated = read_jsonl(c1 / "eval/episodes.jsonl")
+    assert trained_hash and evaluated[0].steps[0].policy.adapter_hash not in (None, trained_hash)
+    assert out[0].final_loss.keys() >= {"action", "dagger"}
+    logs: list[str] = []
+    assert run_loop(cfg, log=logs.append) == out
+    assert not any("DAgger round, " in m and "episodes" in m for m in logs)
