@@ -563,7 +563,9 @@ def test_a_dagger_round_labels_the_just_trained_policy_and_deploys_what_it_train
     labels = [p for p in pairs if p.id not in cycle_ids]
     assert labels and {p.episode_id for p in labels} <= {e.episode_id for e in played}
     assert all(p.chosen_by == "label" for p in labels)
-    assert len(pairs) - len(labels) <= len(labels)  # replayed: up to as many of the cycle's
+    assert 0 < len(pairs) - len(labels) <= 3 * len(labels)  # replayed: up to three times as many of the cycle's
+    assert json.loads((c1 / "dagger/adapter/socialworld-train.json").read_text())["config"]["learning_rate"] == \
+        pytest.approx(cfg.train.learning_rate / 3)
     deployed = find_adapters(c1)
     dialogue = c1 / "train/dialogue/adapter"
     assert deployed["action"] == c1 / "dagger/adapter" and deployed.get("dialogue") == (dialogue if dialogue.is_dir() else None)

@@ -178,8 +178,9 @@ class LoopConfig:
         "a DAgger round inside each cycle (0: off): after training, the just-trained policy plays this many "
         "episodes per scenario on the reference episodes' training seeds beyond the wake's (their variants "
         "included), the continuation policy labels every state where it would act otherwise, and the action "
-        "adapter trains on those pairs, with as many of the cycle's replayed, for dagger_steps before it is "
-        "deployed: the states the new policy reaches get their corrections before it is evaluated")})
+        "adapter trains on those pairs, with up to three times as many of the cycle's, at a third of the learning "
+        "rate, for dagger_steps before it is deployed: the states the new policy reaches get their corrections "
+        "before it is evaluated")})
     dagger_steps: int = field(default=100, metadata={"check": at_least(1), "help": "the DAgger round's optimizer steps"})
     eval_episodes: int = field(default=3, metadata={"check": at_least(1), "help": "evaluation episodes per scenario (fixed held-out seeds)"})
     seed: int = field(default=0, metadata={"check": at_least(0), "help": "run seed"})

@@ -67,6 +67,12 @@ from socialworld.world.spec import ScenarioSpec, capped, spec_yaml
 from socialworld.world.variation import variant
 from socialworld.world.voice import Voice
 
+DAGGER_REPLAY = 3.0
+"""a DAgger round replays up to this many of the cycle's action pairs per label: a few dozen labels
+trained alone, from a fitted adapter, undid what the cycle had fitted (design.md, "a DAgger round")"""
+DAGGER_LR_SCALE = 1 / 3
+"""... and trains at this share of the cycle's learning rate, for the same reason"""
+
 JUDGE_MAX_ENDPOINT_FAILURES = 0.2
 """the loop stops (and retries when rerun) when its judge's endpoint gave no reply on more than this share of episodes"""
 
@@ -451,11 +457,11 @@ def dagger(loop: LoopRun, cycle: Cycle, woke: Wake, trained: Trained) -> Trained
     """The cycle's DAgger round (``LoopConfig.dagger_episodes``; Ross et al., 2011): the policy just
     trained plays the round's training seeds (:meth:`LoopRun.dagger_jobs`, ``dagger/episodes.jsonl``);
     the sleep's ``action`` source labels each of its states with the continuation policy's action
-    and keeps the labels that differ from its own (``dagger/sleep/``, with up to as many of the
-    cycle's action pairs replayed, so the round corrects without forgetting the cycle); the action
-    adapter trains on them for ``dagger_steps`` from this cycle's (``dagger/adapter``) and is
-    deployed in its place. The wake of the next cycle would show the teacher these states only
-    after this policy's evaluation; the round shows them before it."""
+    and keeps the labels that differ from its own (``dagger/sleep/``, with up to
+    :data:`DAGGER_REPLAY` times as many of the cycle's action pairs replayed); the action adapter
+    trains on them for ``dagger_steps`` from this cycle's, at :data:`DAGGER_LR_SCALE` of its learning
+    rate (``dagger/adapter``), and is deployed in its place. The wake of the next cycle would show
+    the teacher these states only after this policy's evaluation; the round shows them before it."""
     cfg, run, c, d = loop.cfg, loop.run, cycle.number, cycle.files
     before = loop.relative(trained.adapters)
     jobs = loop.dagger_jobs(c, cycle.tiers)
@@ -463,7 +469,7 @@ def dagger(loop: LoopRun, cycle: Cycle, woke: Wake, trained: Trained) -> Trained
                    lambda p: write_jsonl(p, loop.rollout(_policy(cfg, trained.adapters), jobs, f"cycle {c} DAgger round")), inputs=before):
         loop.log(f"cycle {c}: DAgger round, {len(jobs)} episodes of the just-trained policy")
     episodes = read_jsonl(run.path(d.dagger_wake))
-    round_sleep = replace(cfg.sleep, sources=("action",), replay=1.0)
+    round_sleep = replace(cfg.sleep, sources=("action",), replay=DAGGER_REPLAY)
 
     def write(folder: Path) -> None:
         result = run_sleep(SleepInputs(loop.specs | woke.variants, episodes, woke.reference), round_sleep,
@@ -481,7 +487,7 @@ def dagger(loop: LoopRun, cycle: Cycle, woke: Wake, trained: Trained) -> Trained
     if not gating.kept.get("action"):  # the policy agreed with its teacher everywhere: nothing to correct
         return trained
     data = TrainingSet(tuple(pairs), loop.specs, cfg.sleep.build if cfg.train.method == "grpo" else None)
-    tcfg = replace(cfg.train, steps=cfg.dagger_steps)
+    tcfg = replace(cfg.train, steps=cfg.dagger_steps, learning_rate=cfg.train.learning_rate * DAGGER_LR_SCALE)
     resume = (trained.adapters or {})["action"]
 
     def fit(p: Path) -> None:
