@@ -53,29 +53,6 @@ class CycleFiles:
         return f"{self.root}/train/{name}/adapter"
 
     @property
-    def dagger_wake(self) -> str:
-        """the DAgger round's episodes: the just-trained policy on training seeds (``LoopConfig.dagger_episodes``)"""
-        return f"{self.root}/dagger/episodes.jsonl"
-
-    @property
-    def dagger_sleep(self) -> str:
-        """the DAgger round's folder: its action pairs (with the cycle's replayed) and ``gating.json``"""
-        return f"{self.root}/dagger/sleep"
-
-    @property
-    def dagger_pairs(self) -> str:
-        return f"{self.dagger_sleep}/pairs-action.parquet"
-
-    @property
-    def dagger_gating(self) -> str:
-        return f"{self.dagger_sleep}/gating.json"
-
-    @property
-    def dagger_adapter(self) -> str:
-        """the action adapter the DAgger round trained on from this cycle's (deployed in its place)"""
-        return f"{self.root}/dagger/adapter"
-
-    @property
     def eval(self) -> str:
         """the deployed policy's episodes on evaluation seeds (cycle 0: the untrained policy)"""
         return f"{self.root}/eval/episodes.jsonl"

@@ -371,8 +371,7 @@ def _other_value(leaf):
                "holdout": (["team_lunch"], ["team_lunch"]), "target_modules": (["q_proj", "up_proj"], ["q_proj,up_proj"]),
                "sources": (["action", "reference"], ["action,reference"]), "model": ("bundled", ["bundled"]),
                "reuse_from": ("", [""]), "ray": ("", [""]), "judge": ("", [""]), "proxy": ("expert", ["expert"]),
-               "npc_voice": ("openai:m@http://127.0.0.1:9/v1", ["openai:m@http://127.0.0.1:9/v1"]),
-               "dagger_episodes": (0, ["0"])}  # another value needs reference_episodes set too (tested in test_loop)
+               "npc_voice": ("openai:m@http://127.0.0.1:9/v1", ["openai:m@http://127.0.0.1:9/v1"])}
     if leaf.name in special:
         return special[leaf.name]
     d = leaf.default

@@ -102,15 +102,6 @@ def test_reuse_from_a_run_of_another_metrics_contract_is_refused(tmp_path):
 def test_a_v3_config_reads_as_v4_with_the_templates_voice():
     for cfg in (LoopConfig(), BenchConfig()):
         doc = RunConfig(cfg, {}).document()
-        assert doc["npc_voice"] == "template"
-        v3 = {k: v for k, v in doc.items() if k not in ("npc_voice", "dagger_episodes", "dagger_steps")} | {"config_version": "run-config-v3"}
+        assert doc["config_version"] == CONFIG_VERSION == "run-config-v4" and doc["npc_voice"] == "template"
+        v3 = {k: v for k, v in doc.items() if k != "npc_voice"} | {"config_version": "run-config-v3"}
         assert migrate(v3) == doc
-
-
-def test_a_v4_loop_config_reads_as_v5_without_a_dagger_round():
-    doc = RunConfig(LoopConfig(), {}).document()
-    assert doc["config_version"] == CONFIG_VERSION == "run-config-v5" and doc["dagger_episodes"] == 0
-    v4 = {k: v for k, v in doc.items() if k not in ("dagger_episodes", "dagger_steps")} | {"config_version": "run-config-v4"}
-    assert migrate(v4) == doc
-    bench = RunConfig(BenchConfig(), {}).document()  # a bench's recipe is its preset's: nothing added
-    assert migrate(bench | {"config_version": "run-config-v4"}) == bench

@@ -156,8 +156,7 @@ def find_adapters(folder: str | Path) -> dict[str, Path]:
     ``folder`` is one adapter (``adapter_config.json``: a ``train/<track>/adapter`` folder serves
     its track; any other, a merged one included, serves both), a loop cycle folder
     (``cycle-<c>``: the adapters deployed after cycle ``c``, which are the newest of cycles 1..c,
-    since a track that had no pairs keeps its previous adapter; a cycle's DAgger round's action adapter,
-    ``dagger/adapter``, replaces its ``train/action/adapter``), a loop run (its last cycle) or a
+    since a track that had no pairs keeps its previous adapter), a loop run (its last cycle) or a
     bench run (its ``loop``)."""
     path = Path(folder)
     if not path.is_dir():
@@ -178,8 +177,6 @@ def find_adapters(folder: str | Path) -> dict[str, Path]:
         if _is_adapter(merged := root / d.adapter("merged")):
             found = {t: merged for t in TRACKS}
         found.update({t: root / d.adapter(t) for t in TRACKS if _is_adapter(root / d.adapter(t))})
-        if _is_adapter(root / d.dagger_adapter):  # the cycle's DAgger round trained its action adapter on
-            found["action"] = root / d.dagger_adapter
     if not found:
         raise ValueError(f"no trained adapters in {path}: give an adapter folder (with adapter_config.json), "
                          "a loop cycle folder (cycle-<c>), a loop run or a bench run")

@@ -63,10 +63,6 @@ class Preset:
     """expert episodes per scenario per cycle on training seeds (no language-model time)"""
     reference_varied: float = 0.0
     """share of those beyond the wake's seeds played on a new variant of the scenario each"""
-    dagger_episodes: int = 0
-    """episodes per scenario of a DAgger round inside each cycle (``LoopConfig.dagger_episodes``; 0: none)"""
-    dagger_steps: int = 100
-    """the DAgger round's optimizer steps"""
     train: TrainConfig = RECIPE_TRAIN
     sleep: SleepConfig = RECIPE_SLEEP
     dialogue_steps: int = 20
@@ -84,7 +80,7 @@ PRESETS: dict[str, Preset] = {
                     scenarios=("team_lunch-v1", "book_club-v1", "weather_picnic-v1")),
     # the protocol's 45 evaluation episodes per arm and the recipe that learns: about 45 minutes on a
     # 2-core CPU with native bf16 (measured: see the README)
-    "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=12, reference_varied=0.5, dagger_episodes=2),
+    "default": Preset(eval_episodes=3, train_episodes=1, reference_episodes=12, reference_varied=0.5),
     # a suite's budget (--suite methods|ablations, each variant a whole loop): one scenario per tier, 4
     # evaluation seeds each (12 episodes at the last cycle, the default 24), the default recipe at 100
     # steps a cycle (the default 400) and 10 dialogue steps (20): about a third of a default loop's time
@@ -150,7 +146,7 @@ class BenchConfig:
         p = PRESETS[self.preset]
         base = LoopConfig(out=str(Path(self.out) / BENCH_LOOP), model=self.model, cycles=self.cycles, tiers=TIERS,
                           train_episodes=p.train_episodes, reference_episodes=p.reference_episodes,
-                          reference_varied=p.reference_varied, dagger_episodes=p.dagger_episodes, dagger_steps=p.dagger_steps,
+                          reference_varied=p.reference_varied,
                           eval_episodes=p.eval_episodes, seed=self.seed,
                           lm_batch_size=self.lm_batch_size, baseline=True, unlock=self.unlock, holdout=self.holdout,
                           adaptive_threshold=self.adaptive_threshold, scenarios=self.scenario_names(), max_turns=p.max_turns,

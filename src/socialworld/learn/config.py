@@ -174,14 +174,6 @@ class LoopConfig:
         "share of the reference episodes beyond the wake's seeds played on a variant of their scenario (the same "
         "structure, people's names and the decisions' words redrawn: socialworld.world.variation), a new one each "
         "episode, so the student reads the move from the state rather than from the scenario's words")})
-    dagger_episodes: int = field(default=0, metadata={"check": at_least(0), "help": (
-        "a DAgger round inside each cycle (0: off): after training, the just-trained policy plays this many "
-        "episodes per scenario on the reference episodes' training seeds beyond the wake's (their variants "
-        "included), the continuation policy labels every state where it would act otherwise, and the action "
-        "adapter trains on those pairs, with up to three times as many of the cycle's, at a third of the learning "
-        "rate, for dagger_steps before it is deployed: the states the new policy reaches get their corrections "
-        "before it is evaluated")})
-    dagger_steps: int = field(default=100, metadata={"check": at_least(1), "help": "the DAgger round's optimizer steps"})
     eval_episodes: int = field(default=3, metadata={"check": at_least(1), "help": "evaluation episodes per scenario (fixed held-out seeds)"})
     seed: int = field(default=0, metadata={"check": at_least(0), "help": "run seed"})
     max_turns: int = field(default=0, metadata={"check": at_least(0), "help": "cap every scenario's turn budget (0: the scenario's own; smoke runs)"})
@@ -219,15 +211,6 @@ class LoopConfig:
             raise FieldError("model", "must be bundled or a model folder without adapters (the loop trains a local model), "
                              f"got {self.model!r}")
         check_judge(self.judge)
-        if self.dagger_episodes:
-            beyond = max(self.reference_episodes, self.train_episodes) - self.train_episodes
-            if self.dagger_episodes > beyond:
-                raise FieldError("dagger_episodes", f"must be at most reference_episodes - train_episodes ({beyond}): the round "
-                                 f"plays the reference episodes' seeds beyond the wake's, got {self.dagger_episodes}",
-                                 related=("reference_episodes", "train_episodes"))
-            if self.merged or "action" not in self.tracks:
-                raise FieldError("dagger_episodes", "needs the action track's own adapter (not merged, action in tracks)",
-                                 related=("merged", "tracks"))
 
 
 Progress = Callable[[str, int], Callable[[Any], None]]

@@ -67,12 +67,6 @@ from socialworld.world.spec import ScenarioSpec, capped, spec_yaml
 from socialworld.world.variation import variant
 from socialworld.world.voice import Voice
 
-DAGGER_REPLAY = 3.0
-"""a DAgger round replays up to this many of the cycle's action pairs per label: a few dozen labels
-trained alone, from a fitted adapter, undid what the cycle had fitted (design.md, "a DAgger round")"""
-DAGGER_LR_SCALE = 1 / 3
-"""... and trains at this share of the cycle's learning rate, for the same reason"""
-
 JUDGE_MAX_ENDPOINT_FAILURES = 0.2
 """the loop stops (and retries when rerun) when its judge's endpoint gave no reply on more than this share of episodes"""
 
@@ -198,15 +192,6 @@ class LoopRun:
         """Cycle ``c``'s reference episodes: the wake's seeds, then up to ``reference_episodes`` per
         scenario, ``reference_varied`` of those beyond the wake's on a new variant of the scenario each
         (:func:`socialworld.world.variation.variant`, numbered by cycle and episode)."""
-        return [job for _, job in self._numbered_reference_jobs(c, tiers)]
-
-    def dagger_jobs(self, c: int, tiers: Sequence[str]) -> list[EpisodeJob]:
-        """Cycle ``c``'s DAgger round: per scenario, the first ``dagger_episodes`` reference jobs beyond
-        the wake's seeds (the same seeds and variants, so each has its reference episode)."""
-        first = self.cfg.train_episodes
-        return [job for i, job in self._numbered_reference_jobs(c, tiers) if first <= i < first + self.cfg.dagger_episodes]
-
-    def _numbered_reference_jobs(self, c: int, tiers: Sequence[str]) -> list[tuple[int, EpisodeJob]]:
         cfg = self.cfg
         n = max(cfg.train_episodes, cfg.reference_episodes)
         out = []
@@ -216,7 +201,7 @@ class LoopRun:
             for i, seed in enumerate(train_seeds(cfg.seed, s.id, c, n)):
                 j = i - cfg.train_episodes  # the j-th episode beyond the wake's seeds
                 varied = j >= 0 and math.floor((j + 1) * cfg.reference_varied) > math.floor(j * cfg.reference_varied)
-                out.append((i, EpisodeJob(variant(s, 1000 * c + i) if varied else s, seed)))  # s is capped already
+                out.append(EpisodeJob(variant(s, 1000 * c + i) if varied else s, seed))  # s is capped already
         return out
 
     def relative(self, adapters: dict[str, str] | None) -> list[str]:
@@ -274,11 +259,8 @@ def run_loop(cfg: LoopConfig, log: Callable[[str], None] = print, progress: Prog
     summaries: list[CycleSummary] = []
     for c in range(1, cfg.cycles + 1):
         cycle = Cycle(c, unlocked_tiers(cfg, c, tiers, evaluated), adapters)
-        woke = wake(loop, cycle)
-        gating = sleep(loop, cycle, woke)
+        gating = sleep(loop, cycle, wake(loop, cycle))
         trained = train(loop, cycle)
-        if cfg.dagger_episodes and trained.adapters and "action" in trained.losses:
-            trained = dagger(loop, cycle, woke, trained)
         evaluated = evaluate(loop, c, cycle.tiers, trained.adapters, f"cycle {c} eval")
         summaries.append(summarize(loop, cycle, gating, trained, evaluated, baseline))
         tiers, adapters = cycle.tiers, trained.adapters
@@ -451,53 +433,6 @@ def train(loop: LoopRun, cycle: Cycle) -> Trained:
         for t in members:
             trained[t] = str(run.path(rel))
     return Trained(losses, trained or None)
-
-
-def dagger(loop: LoopRun, cycle: Cycle, woke: Wake, trained: Trained) -> Trained:
-    """The cycle's DAgger round (``LoopConfig.dagger_episodes``; Ross et al., 2011): the policy just
-    trained plays the round's training seeds (:meth:`LoopRun.dagger_jobs`, ``dagger/episodes.jsonl``);
-    the sleep's ``action`` source labels each of its states with the continuation policy's action
-    and keeps the labels that differ from its own (``dagger/sleep/``, with up to
-    :data:`DAGGER_REPLAY` times as many of the cycle's action pairs replayed); the action adapter
-    trains on them for ``dagger_steps`` from this cycle's, at :data:`DAGGER_LR_SCALE` of its learning
-    rate (``dagger/adapter``), and is deployed in its place. The wake of the next cycle would show
-    the teacher these states only after this policy's evaluation; the round shows them before it."""
-    cfg, run, c, d = loop.cfg, loop.run, cycle.number, cycle.files
-    before = loop.relative(trained.adapters)
-    jobs = loop.dagger_jobs(c, cycle.tiers)
-    if run.produce(d.dagger_wake, "wake",
-                   lambda p: write_jsonl(p, loop.rollout(_policy(cfg, trained.adapters), jobs, f"cycle {c} DAgger round")), inputs=before):
-        loop.log(f"cycle {c}: DAgger round, {len(jobs)} episodes of the just-trained policy")
-    episodes = read_jsonl(run.path(d.dagger_wake))
-    round_sleep = replace(cfg.sleep, sources=("action",), replay=DAGGER_REPLAY)
-
-    def write(folder: Path) -> None:
-        result = run_sleep(SleepInputs(loop.specs | woke.variants, episodes, woke.reference), round_sleep,
-                           earlier=read_pairs(run.path(d.pairs("action"))), replay_key=(c, "dagger"), progress=loop.progress,
-                           ray=cfg.ray)
-        folder.mkdir()
-        result.report.replaced += write_pairs(folder / Path(d.dagger_pairs).name, result.kept)
-        atomic_write_text(folder / Path(d.dagger_gating).name, result.report.document().to_json())
-
-    run.produce(d.dagger_sleep, "sleep", write, inputs=[d.dagger_wake, d.reference, d.sleep])
-    gating = read_gating(run.path(d.dagger_gating))
-    loop.log(f"cycle {c}: DAgger round, labels kept {gating.kept.get('action', 0)}, "
-             f"replayed from the cycle {gating.replayed.get('action', 0)}")
-    pairs = read_pairs(run.path(d.dagger_pairs))
-    if not gating.kept.get("action"):  # the policy agreed with its teacher everywhere: nothing to correct
-        return trained
-    data = TrainingSet(tuple(pairs), loop.specs, cfg.sleep.build if cfg.train.method == "grpo" else None)
-    tcfg = replace(cfg.train, steps=cfg.dagger_steps, learning_rate=cfg.train.learning_rate * DAGGER_LR_SCALE)
-    resume = (trained.adapters or {})["action"]
-
-    def fit(p: Path) -> None:
-        progress = loop.progress
-        shown = (lambda total: progress(f"cycle {c} DAgger train (steps)", total)) if progress else None
-        train_adapter(base_path(cfg), p, tcfg, data, resume_from=resume, progress=shown, prompt_kv=loop.store)
-
-    run.produce(d.dagger_adapter, f"train:{cfg.train.method}", fit, inputs=[d.dagger_sleep, *before])
-    return Trained(trained.losses | {"dagger": read_train_record(run.path(d.dagger_adapter)).losses},
-                   (trained.adapters or {}) | {"action": str(run.path(d.dagger_adapter))})
 
 
 def summarize(loop: LoopRun, cycle: Cycle, gating: Gating, trained: Trained, evaluated: list[EpisodeRecord],

@@ -23,8 +23,7 @@ v2 to v3 adds the fields added while v2 was current (:data:`V2_ADDED`), each at 
 behaves as the code did before it (scenarios held out of training: none; reference episodes on
 variants: none).
 
-v3 to v4 adds the NPC voice (:data:`V3_ADDED`): the templates' lines, as before. v4 to v5 adds the
-DAgger round inside a cycle (:data:`V4_ADDED`): off, as before.
+v3 to v4 adds the NPC voice (:data:`V3_ADDED`): the templates' lines, as before.
 
 A field added from now on comes with a new version and one more step (a stored file lacks it, and a
 resumed run compares the whole config).
@@ -40,7 +39,7 @@ from typing import Any, Final, Generic, TypeVar
 from socialworld.learn.pairs.record import PAIR_SCHEMA
 from socialworld.metrics.core import METRICS_CONTRACT, ContractMismatch
 
-CONFIG_VERSION: Final = "run-config-v5"
+CONFIG_VERSION: Final = "run-config-v4"
 VERSION_KEY: Final = "config_version"
 CONTRACT_KEY: Final = "metrics_contract"
 """the key naming the metrics contract a run is scored under (a v1 file without it: metrics-v1)"""
@@ -81,13 +80,6 @@ V3_ADDED: Final[dict[str, dict[str, Any]]] = {
 """v3 -> v4: the fields added while v3 was current, each with the value that behaves as the code did before it"""
 
 
-V4_ADDED: Final[dict[str, dict[str, Any]]] = {
-    "loop": {"dagger_episodes": 0, "dagger_steps": 100},
-    "bench": {},
-}
-"""v4 -> v5: the fields added while v4 was current, each with the value that behaves as the code did before it"""
-
-
 def _fill(doc: dict[str, Any], added: dict[str, Any]) -> dict[str, Any]:
     """``doc`` with every key it lacks taken from ``added``, recursively into nested mappings."""
     out = dict(added) | doc
@@ -116,7 +108,7 @@ def migrate(doc: dict[str, Any], where: str | Path = "config.yaml") -> dict[str,
     version = doc.get(VERSION_KEY, "run-config-v1")
     if version == CONFIG_VERSION:
         return doc
-    if version not in ("run-config-v1", "run-config-v2", "run-config-v3", "run-config-v4"):
+    if version not in ("run-config-v1", "run-config-v2", "run-config-v3"):
         raise ValueError(f"{where}: {VERSION_KEY} {version!r} is not one this version reads (it writes {CONFIG_VERSION})")
     kind = "bench" if "preset" in doc else "loop"
     out = doc
@@ -127,7 +119,6 @@ def migrate(doc: dict[str, Any], where: str | Path = "config.yaml") -> dict[str,
     if version in ("run-config-v1", "run-config-v2"):
         out = _fill(out, V2_ADDED[kind])
     out = _fill(out, V3_ADDED[kind])
-    out = _fill(out, V4_ADDED[kind])
     return out | {VERSION_KEY: CONFIG_VERSION}
 
 
