@@ -3,7 +3,8 @@
 A :class:`WorldRNG` is a cursor over an infinite stream of uniforms in [0, 1). The stream is
 produced block by block by ``numpy.random.Generator(PCG64(SeedSequence(seed, spawn_key=(b,))))``
 for block ``b``; blocks are immutable and shared between forks, so forking copies one integer
-instead of a generator's state (copying a ``Generator`` alone would exceed the fork budget). Same seed, same stream; the global RNG is never touched.
+instead of a generator's state (copying a ``Generator`` alone would exceed the fork budget). Same
+seed, same stream; the global RNG is never touched.
 """
 
 from __future__ import annotations
