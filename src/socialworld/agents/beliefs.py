@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from socialworld.core import MOOD_BUCKETS, Action, ConflictView, MentalState, Observation
+from socialworld.core import MOOD_BUCKETS, Action, ConflictView, MentalState, Observation, SlotView
 
 
 @dataclass
@@ -113,6 +113,25 @@ def repair_next(obs: Observation, quarrel: ConflictView, since: int = 0) -> str:
         return b if tries[-1] == a else a
     cue = {n.id: n.cue_bucket for n in obs.npcs}
     return min(quarrel.npcs, key=lambda n: MOOD_BUCKETS.index(cue[n] or "mid"))
+
+
+CARRIED_BY = 3
+"""how many present stakeholders, and more than half of them, must have said yes for a standing proposal
+to be :func:`carried`"""
+
+
+def carried(obs: Observation, b: Beliefs, slot: SlotView) -> str | None:
+    """The standing proposal on ``slot`` when the group has mostly taken it (the expert's rule since
+    expert-v5, on the public record): at least ``CARRIED_BY`` of the present stakeholders, and more than
+    half of them, said yes, and none of them is known to have vetoed it. Then whoever said no is won
+    over (an offer, then the proposal once more to them alone) rather than asked what they want, which
+    would turn the organiser to that one person's favourite and lose the rest's yes. None otherwise."""
+    here = [h for h in slot.stakeholders if obs.npc(h).present]
+    o = slot.proposal
+    if o is None or b.vetoed(here, slot.id, o):
+        return None
+    yes = sum(h in slot.accepted_by for h in here)
+    return o if yes >= CARRIED_BY and 2 * yes > len(here) else None
 
 
 def _taken(moves: Sequence[str]) -> list[Action]:

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal, Sequence, cast
 
-from socialworld.agents.beliefs import Beliefs, Done, repair_next
+from socialworld.agents.beliefs import Beliefs, Done, carried, repair_next
 from socialworld.core import (
     MOOD_BUCKETS,
     Action,
@@ -30,8 +30,11 @@ from socialworld.world.rng import WorldRNG, derive_seed
 from socialworld.world.visibility import legal_actions
 
 RANDOM_VERSION = "random-v1"
-EXPERT_VERSION = "expert-v4"
-"""v4 reads a quarrel's repairs from the moves made since it first saw the quarrel (v3 remembered its
+EXPERT_VERSION = "expert-v5"
+"""v5 wins over whoever said no to a proposal the group has mostly taken (:func:`~socialworld.agents.beliefs.carried`:
+three or more of the present stakeholders, and more than half, said yes) instead of asking them what they
+want and turning to their favourite (v4 lost the others' yes that way, and ran out of turns going through
+every option). v4 reads a quarrel's repairs from the moves made since it first saw the quarrel (v3 remembered its
 own picks, so fed another policy's states it switched sides after a step it did not take); on its own
 episodes it acts as v3. v3 reads what it did from the observation's moves (whom it asked, approached,
 pressed, what it offered), so fed another policy's states it labels what that policy's record supports; v2 proposes
@@ -142,10 +145,12 @@ class _ExpertMemory:
 
 
 class ExpertPolicy:
-    """A competent organiser that sees only observations (``expert-v3``).
+    """A competent organiser that sees only observations (``expert-v5``).
 
     Per open decision, in order: propose to everyone at once the option the known wants favour
     (no known veto, within budget, a promised option first) — one turn hears every stakeholder;
+    keep a proposal the group has mostly taken (:func:`~socialworld.agents.beliefs.carried`) and win
+    over whoever said no; else
     ask only someone who turned a proposal down and whose wish is still unknown, *once* (one who
     answered vaguely is approached and asked a second time only when there are turns to spare);
     finalize as soon as every present stakeholder accepted; win
@@ -223,7 +228,9 @@ class ExpertPolicy:
     def _work_on(self, m: _ExpertMemory, obs: Observation, b: Beliefs, s: SlotView) -> Action | None:
         holders = _present(obs, s)
         spare = obs.turns_left - 2 * sum(1 for x in obs.slots if x.status == "open")
-        for h in holders:
+        held = carried(obs, b, s)
+        held = None if (s.id, held) in m.tried else held
+        for h in holders if held is None else ():  # a carried proposal: win the rest over, do not ask them
             if s.id in b.prefers.get(h, {}) or not _rejected_here(m, s, h):
                 continue
             asked = m.asked[(h, s.id)]
@@ -233,7 +240,7 @@ class ExpertPolicy:
                     return say(obs, Action("approach", npc=h))
                 m.asked[(h, s.id)] += 1
                 return say(obs, Action("inquire", npc=h, slot=s.id))
-        option = self._candidate(m, obs, b, s)
+        option = held or self._candidate(m, obs, b, s)
         if option is None:
             return None
         if s.proposal != option:

@@ -105,7 +105,7 @@ repair(npc) wait() finalize(slot, option) end()"""
 
 # ---------------------------------------------------------------- language-model policy prompts
 
-POLICY_PROMPT_VERSION = "policy-v10"
+POLICY_PROMPT_VERSION = "policy-v13"
 
 # policy-v2: the scenario's static brief moved into the system message (cacheable per
 # scenario); the user message holds only the state at this step. (policy-v1 had both in the
@@ -162,6 +162,12 @@ POLICY_PROMPT_VERSION = "policy-v10"
 # (the same question to the same person, turn after turn); and the policy never read what people said, so
 # an NPC voice (``--npc-voice``) could not reach it. The people's words vary between states that need the
 # same move, and the student fitted its rows less well.
+# policy-v13: policy-v10, and a proposal the group has mostly taken (three or more of the present stakeholders,
+# and more than half, said yes, and no known veto: ``agents.beliefs.carried``) is its decision's best option,
+# so its line says ``(still best)`` while whoever said no is won over. Made with expert-v5, which keeps such a
+# proposal where expert-v4 asked whoever said no what they wanted and turned to their favourite: under
+# policy-v10 the best list put that favourite first (``proposed classic, yes priya grace leo, no tom; ... best
+# thriller memoir scifi``) where the expert now negotiates with tom. (policy-v12 named a prompt tried and left.)
 _POLICY_SYSTEM_V2 = (
     "You organise a group decision: ask people what they want, propose options they accept, "
     "negotiate with those who refuse, finalize once all agree.\n"
@@ -202,6 +208,8 @@ class PolicyStateView:
     repair next"""
     heard: bool = False
     """policy-v11: what people (and the world) said back to the agent's last move, shown before its moves"""
+    carried: bool = False
+    """policy-v13: a proposal the group has mostly taken is its decision's best option (``still best``)"""
 
 
 @dataclass(frozen=True)
@@ -232,6 +240,8 @@ POLICY_PROMPTS: dict[str, PolicyPrompt] = {p.version: p for p in (
                  PolicyStateView(wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True)),
     PolicyPrompt("policy-v11", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(
         wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True, heard=True)),
+    PolicyPrompt("policy-v13", _POLICY_SYSTEM_V5, _MOVES, PolicyStateView(
+        wants=True, agreed=True, favoured=True, tally=True, terms=True, tried=True, pending=True, carried=True)),
 )}
 """every prompt version by its name (records name the version they were made under)"""
 POLICY_LAST_MOVES = 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from socialworld.agents.beliefs import Beliefs, Done, repair_next
+from socialworld.agents.beliefs import Beliefs, Done, carried, repair_next
 from socialworld.core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, OfferView, SlotView
 from socialworld.text.reply import BELIEF_ITEM, reply_fields
 from socialworld.text.templates import (
@@ -139,12 +139,13 @@ def compact(obs: Observation, view: PolicyStateView = PolicyStateView()) -> str:
     return "\n".join(lines)
 
 
-def ranked(obs: Observation, b: Beliefs, slot: SlotView) -> list[str]:
+def ranked(obs: Observation, b: Beliefs, slot: SlotView, first: str | None = None) -> list[str]:
     """The options of ``slot`` an organiser could still win, best first by the public record (policy-v8):
     a promised option first, then by how far the known wants of the present stakeholders favour it
     (:meth:`Beliefs.want_score`), then the cheaper, then as listed; options a present stakeholder
     vetoed, unavailable ones and ones the budget left cannot pay while keeping enough for the other
-    open decisions' cheapest options are out."""
+    open decisions' cheapest options are out. ``first`` (policy-v13: a :func:`~socialworld.agents.beliefs.carried`
+    proposal) goes before all of them when it is not out."""
     here = slot.stakeholders
     promised = [c.target_option for c in obs.commitments if c.status == "pending" and c.target_slot == slot.id]
     reserve = sum(min((o.cost for o in s.options if o.available), default=0.0)
@@ -153,7 +154,8 @@ def ranked(obs: Observation, b: Beliefs, slot: SlotView) -> list[str]:
                 and (obs.budget_left is None or o.cost <= obs.budget_left - reserve)]
     order = sorted(enumerate(eligible), key=lambda io: (-(5 * promised.count(io[1].id) + b.want_score(here, slot.id, io[1].id)),
                                                         io[1].cost, io[0]))
-    return [o.id for _, o in order]
+    ids = [o.id for _, o in order]
+    return [first] + [o for o in ids if o != first] if first in ids else ids
 
 
 RANKED_SHOWN = 3
@@ -182,7 +184,9 @@ def state(obs: Observation, view: PolicyStateView = PolicyStateView(terms=True))
     who said no carries what was :func:`tried` with them on it. ``view.pending`` (policy-v10): a standing
     proposal names who present has not answered it, and each quarrel whom to repair next
     (:func:`~socialworld.agents.beliefs.repair_next`, counting the episode's moves since its start: the
-    expert counts those since it first saw the quarrel)."""
+    expert counts those since it first saw the quarrel). ``view.carried`` (policy-v13): a proposal the group has
+    mostly taken (:func:`~socialworld.agents.beliefs.carried`) is its decision's best option, so it says
+    ``still best`` while whoever said no is won over."""
     b = Beliefs().update(obs)
     done = Done.of(obs.moves) if view.tried else None
     lines = [f"Turn {obs.step + 1}/{obs.turn_budget}." + (f" Budget left {obs.budget_left:g}." if obs.budget_left is not None else "")]
@@ -192,7 +196,7 @@ def state(obs: Observation, view: PolicyStateView = PolicyStateView(terms=True))
             lines.append(f"{s.id}: {s.status}" + (f" {s.choice}" if s.choice else ""))
             continue
         line = f"{s.id}:"
-        best = ranked(obs, b, s)
+        best = ranked(obs, b, s, first=carried(obs, b, s) if view.carried else None)
         if s.proposal:
             mark = f" ({POLICY_STILL_BEST})" if done is not None and best[:1] == [s.proposal] else ""
             no = [h + (tried(obs, done, h, s.id, s.proposal) if done is not None else "") for h in s.rejected_by]
