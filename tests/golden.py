@@ -12,7 +12,8 @@ hashed without the package's version in their lineage, so a version bump changes
 once for expert-v3 and policy-v8, issue 64, and the pair hashes, all three forms, once more for
 policy-v9's prompts: the episodes' hashes did not change; and everything of the expert's once more for
 expert-v4 (its version string; its episodes were checked identical before the bump) and policy-v10's
-prompts.) ``python
+prompts; and everything of the expert's once more for expert-v5, which keeps a carried proposal, and
+policy-v13's prompts.) ``python
 tests/golden.py --write`` stores them in ``tests/data/golden-runs.json``; ``tests/test_golden.py``
 checks them. Rewrite the file only for a change that means to alter behaviour, and say so."""
 from __future__ import annotations

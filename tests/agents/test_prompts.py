@@ -195,3 +195,28 @@ def test_policy_v11_says_what_was_said_back_to_the_last_move(specs):
         if NPC_REPLIES["inquire_repeat"].split("}", 1)[1].split("{")[0] in heard[0]:
             seen.add("already told")
     assert seen >= {"silent None", "silent propose", "inquire", "approach", "negotiate", "already told"}, seen
+
+
+def test_policy_v13_ranks_a_carried_proposal_first(specs):
+    """A proposal the group has mostly taken (``carried``) is the first of its decision's best options, so its
+    line says ``(still best)`` where the expert (expert-v5) wins over whoever said no; every other line reads
+    as under policy-v10, and a state with no carried proposal reads the same under both."""
+    from socialworld.agents.beliefs import carried
+
+    seen = set()
+    for policy in ("expert", "random"):
+        for _spec, _w, obs in _states(specs, seeds=range(1, 7), steps=range(1, 12, 2), policy=policy):
+            b = Beliefs().update(obs)
+            v13 = build_messages(obs, "policy-v13")[1]["content"].splitlines()
+            v10 = build_messages(obs, "policy-v10")[1]["content"].splitlines()
+            held = {s.id: c for s in obs.slots if s.status == "open" and (c := carried(obs, b, s)) is not None}
+            for new, old in zip(v13, v10, strict=True):
+                sid = new.split(":", 1)[0]
+                if sid not in held:
+                    assert new == old
+                    continue
+                assert f"proposed {held[sid]} (still best)," in new and f"; best {held[sid]}" in new, new
+                assert new.split("; best ")[0].replace(" (still best)", "") == old.split("; best ")[0].replace(" (still best)", "")
+                seen.add("carried, moved first" if new != old else "carried, already first")
+            seen.add("none carried" * (not held))
+    assert seen >= {"carried, moved first", "carried, already first", "none carried"}, seen

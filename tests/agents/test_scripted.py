@@ -77,3 +77,52 @@ def test_the_expert_repairs_a_quarrel_by_what_was_done_since_it_began(specs):
                 assert c.repaired[:1] == ([first] if counted else [nxt.npc]) and c.resolved == counted
                 seen.add("counted" if counted else "wrong side")
     assert seen == {"counted", "wrong side"}, seen
+
+
+def test_a_proposal_is_carried_by_three_yes_and_a_majority_without_a_veto(specs):
+    """``carried``: three or more of the present stakeholders, and more than half, said yes, and nobody
+    present is known to have vetoed it; two yes of three, or a standing proposal with a known veto, is not."""
+    from socialworld.agents.beliefs import Beliefs, carried
+
+    seen = set()
+    for sid in ("book_club-v1", "activity_debrief-v1", "charity_fundraising-v1"):
+        spec = specs[sid]
+        for seed in range(1, 25):
+            w = World(spec, seed)
+            s0 = spec.slots[0]
+            w.step(Action("propose", slot=s0.id, option=s0.options[0].id, npc="all"))
+            obs = observe(spec, w.pub)
+            s, b = obs.slot(s0.id), Beliefs().update(obs)
+            here = [h for h in s.stakeholders if obs.npc(h).present]
+            yes = len([h for h in here if h in s.accepted_by])
+            vetoed = b.vetoed(here, s.id, s.proposal)
+            expected = s.proposal if yes >= 3 and 2 * yes > len(here) and not vetoed else None
+            assert carried(obs, b, s) == expected, (sid, seed, s.accepted_by, s.rejected_by)
+            seen.add("carried" if expected else "vetoed" if vetoed else f"{yes} of {len(here)}")
+    assert {"carried", "vetoed", "2 of 3"} <= seen, seen
+
+
+def test_the_expert_wins_over_whoever_said_no_to_a_carried_proposal(specs):
+    """At its own states, while a decision it works on has a carried proposal it has not given up on, the
+    expert finalizes it, negotiates for it or puts it to one alone who has not said yes (expert-v5): it never
+    asks about that decision, approaches, or proposes another option there (expert-v4 asked whoever said no
+    what they wanted and turned to their favourite, losing the others' yes)."""
+    from socialworld.agents.beliefs import Beliefs, carried
+
+    kinds = set()
+    for sid, spec in specs.items():
+        for seed in range(1, 9):
+            w, expert = World(spec, seed), ExpertPolicy()
+            expert.reset(["k"])
+            while not w.done:
+                obs = observe(spec, w.pub)
+                a = expert.act(["k"], [obs])[0].action
+                b = Beliefs().update(obs)
+                s = next((x for x in obs.slots if x.id == a.slot), None) if a.slot else None
+                held = carried(obs, b, s) if s is not None and s.status == "open" else None
+                if held is not None and (s.id, held) not in expert._mem["k"].tried:
+                    assert a.kind in ("finalize", "negotiate", "propose") and a.option == held, (sid, seed, a.key)
+                    assert a.kind != "propose" or (a.npc != "all" and a.npc not in s.accepted_by), (sid, seed, a.key)
+                    kinds.add(a.kind)
+                w.step(a)
+    assert kinds == {"finalize", "negotiate", "propose"}, kinds
