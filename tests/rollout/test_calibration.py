@@ -27,7 +27,7 @@ def test_calibration_bands(specs):
         assert orc[t] >= 0.90 and aggs["oracle"][t]["solve"] >= 0.85
     assert 0.85 <= exp["L0"] <= 0.95
     assert 0.60 <= exp["L1"] <= 0.80
-    assert 0.40 <= exp["L2"] <= 0.60
+    assert 0.40 <= exp["L2"] <= 0.75  # 0.60 until expert-v5 (docs/design.md, "Calibration after expert-v5")
     assert orc["L1"] - exp["L1"] >= 0.15 and orc["L2"] - exp["L2"] >= 0.15
 
 

@@ -206,7 +206,10 @@ def audit_plots(doc: AuditDoc, items: Sequence[Judged]) -> dict[str, str]:
                 if iv is None:
                     ax.text(CHANCE[key], i, "undefined", ha="center", va="center", color="0.4", fontsize=8)
                 else:
-                    ax.errorbar([iv["mean"]], [i], xerr=[[iv["mean"] - iv["lo"]], [iv["hi"] - iv["mean"]]], fmt="o", capsize=3, color="C0")
+                    # the interval, then the point: a percentile bootstrap's point can lie outside its interval
+                    # (a rank statistic on few episodes), which errorbar's non-negative arms cannot draw
+                    ax.errorbar([(iv["lo"] + iv["hi"]) / 2], [i], xerr=[[(iv["hi"] - iv["lo"]) / 2]], fmt="none", capsize=3, color="C0")
+                    ax.plot([iv["mean"]], [i], "o", color="C0")
             ax.axvline(CHANCE[key], color="0.5", lw=0.8, ls="--")
             ax.set(xlim=(-0.05, 1.05) if key == "pairwise" else (-1.05, 1.05), title=title)
             ax.grid(axis="x", lw=0.3)
