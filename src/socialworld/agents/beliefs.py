@@ -120,13 +120,19 @@ CARRIED_BY = 3
 to be :func:`carried`"""
 
 
+def present(obs: Observation, slot: SlotView) -> list[str]:
+    """The stakeholders of ``slot`` who are here now (``SlotView.stakeholders`` lists absent ones too)."""
+    here = {n.id for n in obs.npcs if n.present}
+    return [h for h in slot.stakeholders if h in here]
+
+
 def carried(obs: Observation, b: Beliefs, slot: SlotView) -> str | None:
     """The standing proposal on ``slot`` when the group has mostly taken it (the expert's rule since
     expert-v5, on the public record): at least ``CARRIED_BY`` of the present stakeholders, and more than
     half of them, said yes, and none of them is known to have vetoed it. Then whoever said no is won
     over (an offer, then the proposal once more to them alone) rather than asked what they want, which
     would turn the organiser to that one person's favourite and lose the rest's yes. None otherwise."""
-    here = [h for h in slot.stakeholders if obs.npc(h).present]
+    here = present(obs, slot)
     o = slot.proposal
     if o is None or b.vetoed(here, slot.id, o):
         return None

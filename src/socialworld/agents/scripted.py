@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal, Sequence, cast
 
-from socialworld.agents.beliefs import Beliefs, Done, carried, repair_next
+from socialworld.agents.beliefs import Beliefs, Done, carried, present, repair_next
 from socialworld.core import (
     MOOD_BUCKETS,
     Action,
@@ -226,7 +226,7 @@ class ExpertPolicy:
         return say(obs, Action("end"))
 
     def _work_on(self, m: _ExpertMemory, obs: Observation, b: Beliefs, s: SlotView) -> Action | None:
-        holders = _present(obs, s)
+        holders = present(obs, s)
         spare = obs.turns_left - 2 * sum(1 for x in obs.slots if x.status == "open")
         held = carried(obs, b, s)
         held = None if (s.id, held) in m.tried else held
@@ -267,7 +267,7 @@ class ExpertPolicy:
 
     def _candidate(self, m: _ExpertMemory, obs: Observation, b: Beliefs, s: SlotView) -> str | None:
         promised = [c.target_option for c in obs.commitments if c.status == "pending" and c.target_slot == s.id]
-        holders = _present(obs, s)
+        holders = present(obs, s)
         best, best_score = None, None
         for o in s.options:
             if not o.available or (s.id, o.id) in m.tried:
@@ -480,12 +480,6 @@ class OraclePolicy:
             if h not in s.accepted_by:
                 return say(obs, Action("propose", slot=s.id, option=option, npc=h))
         return None
-
-
-def _present(obs: Observation, s: SlotView) -> list[str]:
-    """The stakeholders of ``s`` who are here now (``SlotView.stakeholders`` lists absent ones too)."""
-    here = {n.id for n in obs.npcs if n.present}
-    return [h for h in s.stakeholders if h in here]
 
 
 def _rejected_here(m: _ExpertMemory, s: SlotView, h: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from socialworld.agents.beliefs import Beliefs, Done, carried, repair_next
+from socialworld.agents.beliefs import Beliefs, Done, carried, present, repair_next
 from socialworld.core import MOOD_BUCKETS, Action, ActionParseError, MentalState, Observation, OfferView, SlotView
 from socialworld.text.reply import BELIEF_ITEM, reply_fields
 from socialworld.text.templates import (
@@ -72,7 +72,7 @@ def favoured(obs: Observation, b: Beliefs, slot: SlotView) -> str | None:
     minus one for each known to dislike it; options a present stakeholder vetoed, unavailable ones
     and ones over the budget left are out; ties go to the cheaper, then the first listed. Public
     facts only (the expert's choice also weighs promises, a budget reserve and what it gave up on)."""
-    here = [h for h in slot.stakeholders if obs.npc(h).present]
+    here = present(obs, slot)
     if not any(slot.id in b.prefers.get(h, {}) for h in here):
         return None
     eligible = [o for o in slot.options if o.available and not b.vetoed(here, slot.id, o.id)
